@@ -1,0 +1,34 @@
+"""Parametrization of the qualification tests: one test per scenario and assertion.
+
+Each scenario is one xdist group (`--dist loadgroup`), so its tests run on one
+worker, which claims a free host group and runs the scenario's trials once.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fixtures.plugin import state_of
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "scenario_name" not in metafunc.fixturenames:
+        return
+    state = state_of(metafunc.config)
+    several = len(state.scenarios) > 1
+    if "assertion_id" in metafunc.fixturenames:
+        from fixtures.qualification import assertions_for
+
+        kinds = metafunc.definition.get_closest_marker("assertion_metrics")
+        wanted = kinds.args if kinds else None
+        params = []
+        for name in state.scenarios:
+            scenario = state.qualifier().scenario(name)
+            for a in assertions_for(scenario):
+                if wanted is None or a.metric in wanted:
+                    test_id = f"{name}:{a.id}" if several else a.id
+                    params.append(pytest.param(name, a.id, id=test_id, marks=pytest.mark.xdist_group(name)))
+        metafunc.parametrize(("scenario_name", "assertion_id"), params)
+    else:
+        metafunc.parametrize("scenario_name", [pytest.param(n, id=n, marks=pytest.mark.xdist_group(n))
+                                               for n in state.scenarios])

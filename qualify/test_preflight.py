@@ -1,0 +1,50 @@
+"""Preflight: every host reachable with a known key, the drop works without a password,
+both builds present, the server port free, clocks in step. Runs first; `--preflight-only`
+runs only these."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from fixtures import preflight
+from fixtures.inventory import Host
+from fixtures.plugin import QualifyState, state_of
+from fixtures.transport import Transport
+
+pytestmark = pytest.mark.qualify_preflight
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "lab_host" in metafunc.fixturenames:
+        hosts = state_of(metafunc.config).inventory.hosts
+        metafunc.parametrize("lab_host", hosts, ids=[h.name for h in hosts], scope="module")
+
+
+@pytest.fixture(scope="module")
+def transport(qualify_state: QualifyState, lab_host: Host) -> Iterator[Transport]:
+    from fixtures.lab import transport_for
+
+    with transport_for(qualify_state.inventory, lab_host) as t:
+        yield t
+
+
+def test_reachable(transport: Transport) -> None:
+    preflight.check_reachable(transport)
+
+
+def test_drop_caches(qualify_state: QualifyState, transport: Transport) -> None:
+    preflight.check_drop_caches(qualify_state.inventory, transport)
+
+
+def test_builds_present(qualify_state: QualifyState, lab_host: Host, transport: Transport) -> None:
+    preflight.check_builds(qualify_state.inventory, lab_host, transport)
+
+
+def test_port_free(qualify_state: QualifyState, lab_host: Host, transport: Transport) -> None:
+    preflight.check_port_free(qualify_state.inventory, lab_host, transport)
+
+
+def test_clock(transport: Transport) -> None:
+    preflight.check_clock(transport)

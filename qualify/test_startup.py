@@ -1,0 +1,18 @@
+"""Startup: every rank of both builds starts in every trial, and the KV cache keeps its pages."""
+
+from __future__ import annotations
+
+import pytest
+
+from fixtures.gate import RecordProperty, check_started, check_verdict
+from fixtures.qualification import Qualifier
+
+
+def test_all_ranks_started(qualifier: Qualifier, scenario_name: str) -> None:
+    check_started(qualifier.result(scenario_name))
+
+
+@pytest.mark.assertion_metrics("kv_pages")
+def test_kv_pages(qualifier: Qualifier, scenario_name: str, assertion_id: str,
+                  record_property: RecordProperty) -> None:
+    check_verdict(qualifier.result(scenario_name), assertion_id, record_property)

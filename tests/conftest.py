@@ -1,0 +1,56 @@
+"""Fixtures shared by the suite's own tests.
+
+SSH: ``sshd_lab`` (one per session and xdist worker) starts real OpenSSH sshd
+instances on 127.0.0.x; ``sshd_host`` is a fresh instance per test;
+``ssh_transport`` an SshTransport logged in to it with strict host-key checking.
+Without sshd these fixtures FAIL with an install hint: never skip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fixtures.transport import LocalTransport, SshTransport, Transport
+from tests.sshd import SshdInstance, SshdLab, SshdUnavailable
+
+
+@pytest.fixture(scope="session")
+def sshd_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdLab]:
+    """A client key and a factory of sshd instances, all stopped at the end."""
+    try:
+        lab = SshdLab(tmp_path_factory.mktemp("sshd"))
+    except SshdUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield lab
+    lab.stop_all()
+
+
+@pytest.fixture
+def sshd_host(sshd_lab: SshdLab) -> Iterator[SshdInstance]:
+    """A fresh sshd instance for one test (free to restart or re-key)."""
+    instance = sshd_lab.start()
+    yield instance
+    instance.stop()
+
+
+@pytest.fixture
+def ssh_transport(sshd_lab: SshdLab, sshd_host: SshdInstance,
+                  tmp_path: Path) -> Iterator[SshTransport]:
+    """An SshTransport to ``sshd_host`` whose key is in a strict known_hosts file."""
+    known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts", sshd_host)
+    with SshTransport("h1", sshd_host.address, sshd_host.port,
+                      options=sshd_lab.options(known_hosts)) as transport:
+        yield transport
+
+
+@pytest.fixture(params=["local", pytest.param("ssh", marks=pytest.mark.sshd)])
+def any_transport(request: pytest.FixtureRequest) -> Iterator[Transport]:
+    """The same contract test over both transports (host name "h1" in messages)."""
+    if request.param == "local":
+        with LocalTransport("h1", command_timeout_s=30.0) as transport:
+            yield transport
+    else:
+        yield request.getfixturevalue("ssh_transport")

@@ -1,0 +1,241 @@
+"""Real OpenSSH sshd instances on loopback addresses, for the suite's own tests.
+
+An ``SshdLab`` owns a temporary folder, one client key (authorized for every
+instance) and any number of ``SshdInstance`` s, each a ``/usr/sbin/sshd -D`` with a
+throwaway config and its own generated host key, listening on 127.0.0.x at a free
+port. Addresses differ per xdist worker so parallel workers never clash. Needs
+root (sshd switches to the logged-in user) and openssh-server installed.
+"""
+
+from __future__ import annotations
+
+import getpass
+import itertools
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from fixtures.transport.ssh import JumpHost, SshOptions
+
+SSHD = Path("/usr/sbin/sshd")
+INSTALL_HINT = ("OpenSSH's sshd is needed by the SSH tests and was not found at {sshd}; "
+                "install openssh-server (e.g. `apt-get install openssh-server`). These tests "
+                "fail rather than skip so a CI without sshd cannot pass silently.")
+_READY_TIMEOUT_S = 10.0
+_ADDRESSES_PER_WORKER = 30
+
+
+class SshdUnavailable(RuntimeError):
+    """sshd (or ssh-keygen) is missing, or an instance did not start."""
+
+
+def require_sshd(sshd: Path = SSHD) -> None:
+    """Raise SshdUnavailable with the install hint unless sshd and ssh-keygen are usable."""
+    if not os.access(sshd, os.X_OK) or shutil.which("ssh-keygen") is None:
+        raise SshdUnavailable(INSTALL_HINT.format(sshd=sshd))
+    if os.geteuid() != 0:
+        raise SshdUnavailable("the SSH tests start sshd instances and must run as root")
+
+
+def generate_key(path: Path, comment: str) -> Path:
+    """A new passphrase-less ed25519 key pair at ``path`` (and ``path``.pub)."""
+    path.unlink(missing_ok=True)
+    path.with_suffix(".pub").unlink(missing_ok=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment,
+                    "-f", str(path)], check=True, capture_output=True)
+    return path
+
+
+def free_port(address: str) -> int:
+    """A TCP port free on ``address`` right now."""
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return int(sock.getsockname()[1])
+
+
+def _worker_base() -> int:
+    """The first host byte of this xdist worker's block of 127.0.0.x addresses."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    return 100 + (index % 5) * _ADDRESSES_PER_WORKER
+
+
+def _children(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (from /proc)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def _is_sshd(pid: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/exe") == str(SSHD)
+    except OSError:
+        return False
+
+
+class SshdInstance:
+    """One sshd on ``address``:``port``; can be stopped, restarted, and given a new host key."""
+
+    def __init__(self, name: str, address: str, workdir: Path, authorized_keys: Path) -> None:
+        self.name = name
+        self.address = address
+        self.workdir = workdir
+        self.authorized_keys = authorized_keys
+        self.host_key = generate_key(workdir / "ssh_host_ed25519_key", f"{name}-host")
+        self.port = free_port(address)
+        self.log_path = workdir / "sshd.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def host_key_line(self) -> str:
+        """This instance's known_hosts line."""
+        public = self.host_key.with_suffix(".pub").read_text().split()
+        return f"[{self.address}]:{self.port} {public[0]} {public[1]}\n"
+
+    def _write_config(self) -> Path:
+        config = self.workdir / "sshd_config"
+        config.write_text("\n".join([
+            f"Port {self.port}", f"ListenAddress {self.address}",
+            f"HostKey {self.host_key}", f"AuthorizedKeysFile {self.authorized_keys}",
+            f"PidFile {self.workdir / 'sshd.pid'}",
+            "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+            "PermitRootLogin prohibit-password", "StrictModes no", "UsePAM no",
+            "AllowTcpForwarding yes", "UseDNS no", "PrintMotd no", "PrintLastLog no",
+            "MaxStartups 100", "MaxSessions 50", "LogLevel VERBOSE", "",
+        ]))
+        return config
+
+    def start(self) -> None:
+        """Start sshd and wait until it accepts connections."""
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # its privilege-separation dir
+        config = self._write_config()
+        with open(self.log_path, "ab") as log:
+            self._process = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(config)],
+                                             stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise SshdUnavailable(f"sshd {self.name} on {self.address}:{self.port} exited "
+                                      f"at startup:\n{self.log_path.read_text()[-2000:]}")
+            try:
+                socket.create_connection((self.address, self.port), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.02)
+        self.stop()
+        raise SshdUnavailable(f"sshd {self.name} did not listen on {self.address}:{self.port} "
+                              f"within {_READY_TIMEOUT_S} s")
+
+    def session_pids(self) -> list[int]:
+        """PIDs of this instance's per-connection sshd processes."""
+        if self._process is None:
+            return []
+        return [pid for pid in _children(self._process.pid) if _is_sshd(pid)]
+
+    def stop(self) -> None:
+        """Stop the listener and drop every open connection (like a host going down)."""
+        if self._process is None:
+            return
+        for pid in self.session_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        process, self._process = self._process, None
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def restart(self, *, new_host_key: bool = False) -> None:
+        """Stop (dropping connections) and start again on the same address and port."""
+        self.stop()
+        if new_host_key:
+            generate_key(self.host_key, f"{self.name}-host-new")
+        self.start()
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def __repr__(self) -> str:
+        return f"SshdInstance({self.name!r}, {self.address}:{self.port})"
+
+
+class SshdLab:
+    """A client key plus the sshd instances started with it; ``stop_all`` cleans up."""
+
+    def __init__(self, root: Path) -> None:
+        require_sshd()
+        self.root = root
+        self.user = getpass.getuser()
+        self.client_key = generate_key(root / "id_ed25519", "cache-qualify-tests")
+        self.authorized_keys = root / "authorized_keys"
+        self.authorized_keys.write_text(self.client_key.with_suffix(".pub").read_text())
+        self.instances: list[SshdInstance] = []
+        base = _worker_base()
+        self._addresses: Iterator[str] = (
+            f"127.0.0.{base + n % _ADDRESSES_PER_WORKER}" for n in itertools.count())
+        self._names = itertools.count(1)
+
+    def start(self, name: str | None = None) -> SshdInstance:
+        """A new running sshd instance on the next address of this worker's block."""
+        name = name or f"sshd{next(self._names)}"
+        workdir = self.root / f"{name}-{len(self.instances)}"
+        workdir.mkdir()
+        error = SshdUnavailable(f"sshd {name} did not start")
+        for _attempt in range(3):  # a free port can be taken between probe and bind
+            instance = SshdInstance(name, next(self._addresses), workdir, self.authorized_keys)
+            try:
+                instance.start()
+            except SshdUnavailable as exc:
+                error = exc
+                continue
+            self.instances.append(instance)
+            return instance
+        raise error
+
+    def known_hosts(self, path: Path, *instances: SshdInstance) -> Path:
+        """Write a known_hosts file listing ``instances`` (none: an empty file)."""
+        path.write_text("".join(instance.host_key_line for instance in instances))
+        return path
+
+    def options(self, known_hosts: Path, *, jump: SshdInstance | None = None,
+                **overrides: Any) -> SshOptions:
+        """SshOptions logging in with the lab's client key, agent off, strict checking."""
+        settings: dict[str, Any] = {
+            "user": self.user, "identity_file": str(self.client_key), "use_agent": False,
+            "known_hosts": (str(known_hosts),), "connect_timeout_s": 5.0,
+            "command_timeout_s": 30.0,
+        }
+        if jump is not None:
+            settings["jump"] = JumpHost(address=jump.address, port=jump.port)
+        settings.update(overrides)
+        return SshOptions(**settings)
+
+    def stop_all(self) -> None:
+        for instance in self.instances:
+            instance.stop()
+        self.instances.clear()

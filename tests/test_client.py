@@ -1,0 +1,176 @@
+"""Tests of fixtures.client against a real HTTP server on a loopback address.
+
+The server answers like the emulated rank 0: an OpenAI-style completion whose
+usage counts the prompt actually posted; each test bends one part of it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from fixtures.client import CompletionResult, CompletionsClient
+from fixtures.errors import InvalidResponse, PrefixReuse, RequestFailed, RequestTimeout
+from tests.httpfixtures import Reply, Request, StubServer, json_reply, stub_servers
+
+__all__ = ["stub_servers"]  # the fixture, imported for pytest
+
+HOST = "127.0.0.21"
+PATH = "/v1/completions"
+PROMPT = list(range(1_000, 1_010))
+
+
+def completion(prompt_tokens: int, *, cached: int = 0, top: int = 20,
+               logprobs: bool = True) -> dict[str, Any]:
+    """A completion document shaped like the emulated server's."""
+    choice: dict[str, Any] = {"index": 0, "text": " the", "finish_reason": "length"}
+    if logprobs:
+        choice["logprobs"] = {
+            "tokens": [" the"], "token_logprobs": [-0.5], "text_offset": [0],
+            "top_logprobs": [{f" t{i}": -0.5 - i for i in range(top)}]}
+    else:
+        choice["logprobs"] = None
+    return {"id": "cmpl-1", "object": "text_completion", "model": "flare", "choices": [choice],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 1,
+                      "total_tokens": prompt_tokens + 1,
+                      "prompt_tokens_details": {"cached_tokens": cached}}}
+
+
+def echo_server(request: Request) -> Reply:
+    """Counts the posted prompt and honours `logprobs`, as a correct server does."""
+    posted = request.json()
+    asked = posted.get("logprobs")
+    document = completion(len(posted["prompt"]), top=asked or 0, logprobs=asked is not None)
+    return json_reply(document, delay_s=0.05)
+
+
+@pytest.fixture
+def rank0(stub_servers: Callable[[str], StubServer]) -> StubServer:
+    server = stub_servers(HOST)
+    server.serve(PATH, echo_server)
+    return server
+
+
+def client_for(server: StubServer, **options: Any) -> CompletionsClient:
+    return CompletionsClient(server.url, host=server.host, **options)
+
+
+def test_a_good_response_gives_its_usage_and_duration(rank0: StubServer) -> None:
+    with client_for(rank0) as client:
+        result = client.complete("A", PROMPT)
+    assert result == CompletionResult(request="A", prompt_tokens=10, cached_tokens=0,
+                                      completion_tokens=1, duration_s=result.duration_s,
+                                      finish_reason="length")
+    assert 0.05 <= result.duration_s < 5  # client-side, includes the server's 50 ms
+    [request] = rank0.requests
+    assert request.method == "POST" and request.path == PATH
+    assert request.json() == {"prompt": PROMPT, "max_tokens": 1, "logprobs": 20,
+                              "stream": False, "temperature": 0}
+
+
+def test_options_reach_the_server(rank0: StubServer) -> None:
+    with client_for(rank0, model="deepseek-v4.1-flash") as client:
+        result = client.complete("B", PROMPT[:3], max_tokens=2, logprobs=None)
+    assert result.prompt_tokens == 3
+    posted = rank0.requests[0].json()
+    assert posted["model"] == "deepseek-v4.1-flash" and posted["max_tokens"] == 2
+    assert "logprobs" not in posted
+
+
+def test_one_extra_top_logprob_for_the_sampled_token_is_accepted(rank0: StubServer) -> None:
+    rank0.serve(PATH, json_reply(completion(len(PROMPT), top=21)))
+    with client_for(rank0) as client:
+        assert client.complete("A", PROMPT).prompt_tokens == len(PROMPT)
+
+
+def _without(document: dict[str, Any], *path: str | int) -> dict[str, Any]:
+    node: Any = document
+    for key in path[:-1]:
+        node = node[key]
+    del node[path[-1]]
+    return document
+
+
+@pytest.mark.parametrize(("document", "problem"), [
+    (_without(completion(10), "usage", "prompt_tokens_details", "cached_tokens"),
+     r"usage\.prompt_tokens_details\.cached_tokens: Field required"),
+    (_without(completion(10), "usage", "prompt_tokens_details"),
+     r"usage\.prompt_tokens_details: Field required"),
+    (_without(completion(10), "usage"), r"usage: Field required"),
+    ({**completion(10), "choices": []}, r"choices: List should have at least 1 item"),
+    (completion(10, logprobs=False), r"choices\.0\.logprobs is missing, expected logprobs with "
+                                     r"top_logprobs of 20 entries"),
+    (completion(10, top=5), r"top_logprobs\.0 has 5 entries, expected 20"),
+    (completion(9), r"usage\.prompt_tokens is 9, expected 10 \(the number of prompt tokens sent\)"),
+    ({**completion(10), "usage": {**completion(10)["usage"], "prompt_tokens": "10"}},
+     r"usage\.prompt_tokens: Input should be a valid integer"),
+])
+def test_a_malformed_response_names_host_and_what_is_wrong(
+        rank0: StubServer, document: dict[str, Any], problem: str) -> None:
+    rank0.serve(PATH, json_reply(document))
+    with client_for(rank0) as client:
+        with pytest.raises(InvalidResponse, match=r"^host 127\.0\.0\.21 rank 0: request 'A': "
+                                                  r"malformed completions response: .*" + problem):
+            client.complete("A", PROMPT)
+
+
+def test_a_body_that_is_not_json_is_malformed(rank0: StubServer) -> None:
+    rank0.serve(PATH, Reply(body="<html>upstream error</html>", content_type="text/html"))
+    with client_for(rank0) as client:
+        with pytest.raises(InvalidResponse, match=r"Invalid JSON.*starts '<html>upstream error"):
+            client.complete("A", PROMPT)
+
+
+def test_cached_tokens_mean_prefix_reuse_and_an_invalid_trial(rank0: StubServer) -> None:
+    rank0.serve(PATH, json_reply(completion(len(PROMPT), cached=8)))
+    with client_for(rank0) as client:
+        with pytest.raises(PrefixReuse, match=r"^host 127\.0\.0\.21 rank 0: request 'A, new start': "
+                                              r"the server reports 8 of 10 prompt tokens as cached"
+                                              r".*Prefix-cache reuse means the request did not "
+                                              r"read its rows .* so the trial is invalid"):
+            client.complete("A, new start", PROMPT)
+
+
+def test_a_hung_rank_0_times_out_naming_host_and_timeout(rank0: StubServer) -> None:
+    rank0.serve(PATH, json_reply(completion(10), delay_s=10))
+    started = time.perf_counter()
+    with client_for(rank0, timeout_s=0.3) as client:
+        with pytest.raises(RequestTimeout, match=r"^host 127\.0\.0\.21 rank 0: request 'B': no "
+                                                 r"complete answer .* within 0\.3 s.*rank 0 did "
+                                                 r"not answer within the 0\.3 s request timeout"):
+            client.complete("B", PROMPT)
+    assert time.perf_counter() - started < 3
+
+
+def test_connection_refused_is_a_clear_failure(rank0: StubServer) -> None:
+    rank0.stop()
+    with client_for(rank0) as client:
+        with pytest.raises(RequestFailed, match=r"^host 127\.0\.0\.21 rank 0: request 'A': cannot "
+                                                r"connect to http://127\.0\.0\.21:\d+/v1/completions"
+                                                r" .*is the process running"):
+            client.complete("A", PROMPT)
+
+
+def test_an_http_error_status_is_a_failure_with_the_body(rank0: StubServer) -> None:
+    rank0.serve(PATH, Reply(status=503, body="rank 2 left the group", content_type="text/plain"))
+    with client_for(rank0) as client:
+        with pytest.raises(RequestFailed, match=r"rank 0: request 'A': POST .* answered HTTP 503 "
+                                                r"Service Unavailable, expected 200; the body "
+                                                r"starts 'rank 2 left the group'"):
+            client.complete("A", PROMPT)
+
+
+@pytest.mark.parametrize(("tokens", "options", "message"), [
+    ([], {}, r"`tokens` is empty"),
+    (PROMPT, {"max_tokens": 0}, r"`max_tokens` must be at least 1, got 0"),
+    (PROMPT, {"logprobs": 0}, r"`logprobs` must be None or at least 1, got 0"),
+])
+def test_bad_arguments_are_refused_before_sending(rank0: StubServer, tokens: list[int],
+                                                  options: dict[str, Any], message: str) -> None:
+    with client_for(rank0) as client:
+        with pytest.raises(ValueError, match=message):
+            client.complete("A", tokens, **options)
+    assert rank0.requests == []

@@ -1,0 +1,391 @@
+"""Tests of fixtures.inventory: the committed inventories, 25 malformed ones, command quoting."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from fixtures.errors import InventoryError
+from fixtures.inventory import (Inventory, check_address, inventory_hash, json_schema, load_inventory,
+                                render_argv, render_command)
+from fixtures.metricnames import MetricNames
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A small valid inventory; each malformed case edits one piece of its text, so
+# the expected line numbers are those of this text.
+BASE = """\
+lab: test-lab
+ssh:
+  user: qualify
+  host_key_policy: strict
+  jump: {address: bastion.example.com, port: 2222}
+hosts:
+  - name: a
+    address: 127.0.0.21
+    rank: 0
+  - name: b
+    address: 127.0.0.22
+    port: 2022
+    rank: 1
+server:
+  command: "{build_path} --rank {rank} --port {port} {flags}"
+  http_port: 18000
+  kv_pages: {metric: flare_kv_cache_pages}
+builds:
+  set4: {path: /opt/b/set4/server, flags: [--x, "1"], description: the baseline}
+  two_choice: {path: /opt/b/tc/server, ref: abc123}
+baseline: set4
+candidate: two_choice
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "hosts.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def edit(old: str, new: str) -> str:
+    assert old in BASE, old
+    return BASE.replace(old, new, 1)
+
+
+def test_base_inventory_is_valid(tmp_path: Path) -> None:
+    inventory = load_inventory(write(tmp_path, BASE))
+    assert [h.name for h in inventory.hosts] == ["a", "b"]
+    assert inventory.hosts[1].port == 2022 and inventory.hosts[0].port == 22
+    assert inventory.hosts[0].transport == "ssh"
+    assert inventory.ssh.jump is not None and inventory.ssh.jump.port == 2222
+    assert inventory.build("set4").flags == ("--x", "1")
+    assert inventory.server.readiness.path == "/health"
+    assert "sudo -n" in inventory.server.drop_caches
+
+
+# (id, old text, new text, regex the one-line error must match, line it must name).
+# Lines of BASE: 1 lab, 2 ssh, 4 host_key_policy, 5 jump, 6 hosts, 7-9 host a, 10-13 host b
+# (10 name, 11 address, 12 port, 13 rank), 14 server, 15 command, 17 kv_pages, 18 builds,
+# 19 set4, 20 two_choice, 21 baseline, 22 candidate.
+MALFORMED: list[tuple[str, str, str, str, int | None]] = [
+    ("missing-lab", "lab: test-lab\n", "", r"hosts\.yaml:1: lab: required field is missing", 1),
+    ("missing-rank", "    rank: 1\n", "", r":10: hosts\[1\]\.rank: required field is missing", 10),
+    ("rank-as-string", "rank: 1", 'rank: "1"',
+     r"hosts\[1\]\.rank: expected an integer.*found '1'", 13),
+    ("rank-negative", "rank: 1", "rank: -1",
+     r"hosts\[1\]\.rank: expected a value greater than or equal to 0", 13),
+    ("port-too-big", "port: 2022", "port: 70000",
+     r"hosts\[1\]\.port: .*less than or equal to 65535, found 70000", 12),
+    ("port-bool", "port: 2022", "port: yes", r"hosts\[1\]\.port: expected an integer.*True", 12),
+    ("unknown-build", "baseline: set4", "baseline: set5",
+     r":21: baseline: unknown build 'set5'; known builds: set4, two_choice", 21),
+    ("unknown-candidate", "candidate: two_choice", "candidate: twochoice",
+     r"candidate: unknown build 'twochoice'; known builds: set4, two_choice", 22),
+    ("duplicate-rank", "rank: 1", "rank: 0",
+     r"hosts\[1\]\.rank: duplicate rank 0 in group 'default': already used by a; expected ranks "
+     r"0\.\.1 without duplicates", 13),
+    ("rank-gap", "rank: 1", "rank: 2",
+     r"hosts\[1\]\.rank: group 'default' has 2 hosts, so ranks must be 0\.\.1; found 2", 13),
+    ("duplicate-name", "- name: b", "- name: a",
+     r"hosts\[1\]\.name: duplicate name 'a': already used by hosts\[0\]", 10),
+    ("duplicate-address", "address: 127.0.0.22", "address: 127.0.0.21",
+     r"hosts\[1\]\.address: duplicate address '127\.0\.0\.21'", 11),
+    ("bad-ipv4", "address: 127.0.0.22", "address: 127.0.0.300",
+     r"hosts\[1\]\.address: expected an IPv4 address.*found '127\.0\.0\.300'", 11),
+    ("bad-hostname", "address: 127.0.0.22", "address: gb10_b!.lab",
+     r"hosts\[1\]\.address: expected an IPv4 address, an IPv6 address \(without brackets\) or a host name",
+     11),
+    ("bracketed-ipv6", "address: 127.0.0.22", 'address: "[::1]"', r"hosts\[1\]\.address: .*found '\[::1\]'", 11),
+    ("unknown-top-key", "lab: test-lab\n", "lab: test-lab\nowner: me\n",
+     r":2: owner: unknown key; expected one of: baseline, builds, candidate", 2),
+    ("misspelt-key", "    address: 127.0.0.22", "    adress: 127.0.0.22",
+     r"hosts\[1\]\.adress: unknown key \(did you mean 'address'\?\)", 11),
+    ("bad-policy", "host_key_policy: strict", "host_key_policy: lenient",
+     r"ssh\.host_key_policy: expected 'strict' or 'accept-new', found 'lenient'", 4),
+    ("jump-port", "port: 2222}", "port: 0}", r"ssh\.jump\.port: expected a value greater than or equal to 1", 5),
+    ("kv-pages-both", "kv_pages: {metric: flare_kv_cache_pages}",
+     "kv_pages: {metric: flare_kv_cache_pages, log_regex: 'pages (\\d+)'}",
+     r"server\.kv_pages: expected exactly one of `metric` or `log_regex`, found both", 17),
+    ("kv-pages-neither", "kv_pages: {metric: flare_kv_cache_pages}", "kv_pages: {}",
+     r"server\.kv_pages: expected exactly one of `metric` or `log_regex`, found neither", 17),
+    ("log-regex-no-group", "kv_pages: {metric: flare_kv_cache_pages}", "kv_pages: {log_regex: 'pages \\d+'}",
+     r"server\.kv_pages\.log_regex: expected a regex with exactly one group, found 0", 17),
+    ("unknown-placeholder", "--port {port}", "--port {prot}",
+     r"server\.command: unknown placeholder \{prot\}; known placeholders: \{build_path\}", 15),
+    ("unbalanced-quote", "--rank {rank}", "--rank '{rank}",
+     r"server\.command: expected a command line shlex can split", 15),
+    ("group-unknown-host", "server:\n", "groups:\n  - {name: g1, hosts: [a, c]}\nserver:\n",
+     r"groups\[0\]\.hosts\[1\]: unknown host 'c'; known hosts: a, b", 15),
+    ("host-in-two-groups", "server:\n",
+     "groups:\n  - {name: g1, hosts: [a]}\n  - {name: g2, hosts: [a, b]}\nserver:\n",
+     r"groups\[1\]\.hosts\[0\]: host 'a' is already in group 'g1'", 16),
+    ("group-ranks", "server:\n", "groups:\n  - {name: g1, hosts: [b]}\nserver:\n",
+     r"hosts\[1\]\.rank: group 'g1' has 1 host, so ranks must be 0\.\.0; found 1", 13),
+    ("empty-hosts", BASE[BASE.index("hosts:"):BASE.index("server:")], "hosts: []\n",
+     r"hosts: expected at least 1 item, found none", 6),
+    ("flags-not-a-list", 'flags: [--x, "1"]', "flags: --x",
+     r"builds\.set4\.flags: expected a list, found '--x'", 19),
+    ("build-without-path", "two_choice: {path: /opt/b/tc/server, ref: abc123}", "two_choice: {ref: abc123}",
+     r"builds\.two_choice\.path: required field is missing", 20),
+    ("unknown-metric-name", "builds:\n", "metrics: {hit: x}\nbuilds:\n",
+     r"metrics\.hit: unknown key \(did you mean 'hits'\?\)", 18),
+    ("bad-metric-name", "builds:\n", "metrics: {hits: 'row cache hits'}\nbuilds:\n",
+     r"metrics\.hits: expected a Prometheus name", 18),
+    ("duplicate-key", "candidate: two_choice\n", "candidate: two_choice\nbaseline: two_choice\n",
+     r":23: baseline: duplicate key 'baseline' \(first given on line 21\)", 23),
+    ("yaml-syntax", "    rank: 0\n", "    rank: [0\n",
+     r"hosts\.yaml:10: YAML syntax error: while parsing a flow sequence \(started on line 9\): "
+     r"expected ',' or '\]', but got ':'", 10),
+    ("not-a-mapping", BASE, "- just\n- a list\n",
+     r"hosts\.yaml:1: expected a mapping of keys at the top level, found a list", 1),
+    ("empty-file", BASE, "",
+     r"hosts\.yaml:1: expected a mapping of keys at the top level, found an empty file", 1),
+    ("timeout-zero", "  user: qualify\n", "  user: qualify\n  connect_timeout_s: 0\n",
+     r"ssh\.connect_timeout_s: expected a value greater than 0", 4),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "match", "line"),
+                         [case[1:] for case in MALFORMED], ids=[case[0] for case in MALFORMED])
+def test_malformed_inventory(tmp_path: Path, old: str, new: str, match: str, line: int | None) -> None:
+    text = edit(old, new) if old != BASE else new
+    with pytest.raises(InventoryError, match=match) as info:
+        load_inventory(write(tmp_path, text))
+    message = str(info.value)
+    assert "\n" not in message, "errors are one line"
+    assert message.startswith(str(tmp_path / "hosts.yaml"))
+    assert info.value.line == line
+
+
+def test_malformed_cases_are_many_and_distinct() -> None:
+    assert len(MALFORMED) >= 15
+    assert len({case[0] for case in MALFORMED}) == len(MALFORMED)
+
+
+def test_yaml_syntax_error_names_its_line(tmp_path: Path) -> None:
+    text = edit("    rank: 0\n", "    rank: 0\n   bad indentation: here\n")
+    with pytest.raises(InventoryError, match=r"hosts\.yaml:10: YAML syntax error") as info:
+        load_inventory(write(tmp_path, text))
+    assert info.value.line == 10
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(InventoryError, match=r"nowhere\.yaml: file not found"):
+        load_inventory(tmp_path / "nowhere.yaml")
+
+
+# --- overrides, groups, hashes ----------------------------------------------------------------
+
+def test_baseline_candidate_overrides(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE)
+    inventory = load_inventory(path, baseline="two_choice", candidate="two_choice")  # an A/A run
+    assert (inventory.baseline, inventory.candidate) == ("two_choice", "two_choice")
+    assert inventory.source == path.absolute()
+    with pytest.raises(InventoryError, match=r"--candidate: unknown build 'lru4'; known builds: set4, two_choice"):
+        load_inventory(path, candidate="lru4")
+
+
+def test_groups_resolved_declared_then_implicit(tmp_path: Path) -> None:
+    hosts = "".join(f"  - {{name: h{i}, address: 10.0.0.{i}, rank: {r}}}\n"
+                    for i, r in enumerate([1, 0, 1, 0, 0]))
+    groups = "groups:\n  - {name: left, hosts: [h0, h1]}\n  - {name: right, hosts: [h2, h3]}\n"
+    text = BASE[: BASE.index("hosts:")] + "hosts:\n" + hosts + groups + BASE[BASE.index("server:"):]
+    resolved = load_inventory(write(tmp_path, text)).groups_resolved()
+    assert [(g.name, [h.name for h in g.hosts]) for g in resolved] == [
+        ("left", ["h1", "h0"]), ("right", ["h3", "h2"]), ("default", ["h4"])]
+    assert resolved[0].rank0.name == "h1" and resolved[0].world_size == 2
+
+
+def test_reserved_group_name(tmp_path: Path) -> None:
+    text = edit("server:\n", "groups:\n  - {name: default, hosts: [a]}\nserver:\n").replace("rank: 1", "rank: 0")
+    with pytest.raises(InventoryError, match=r"groups\[0\]\.name: group name 'default' is reserved"):
+        load_inventory(write(tmp_path, text))
+
+
+def test_metric_names_overrides(tmp_path: Path) -> None:
+    text = edit("builds:\n", "metrics: {hits: rc_hits_total}\nbuilds:\n")
+    names = load_inventory(write(tmp_path, text)).metric_names()
+    assert names == MetricNames(hits="rc_hits_total")
+    text = edit("builds:\n", "metrics: {kv_pages: other_pages}\nbuilds:\n")
+    with pytest.raises(InventoryError, match=r"metrics\.kv_pages: expected the same name as "
+                       r"server\.kv_pages\.metric \('flare_kv_cache_pages'\), found 'other_pages'"):
+        load_inventory(write(tmp_path, text))
+
+
+def test_ssh_options_value_object(tmp_path: Path) -> None:
+    from fixtures.transport.ssh import SshOptions
+
+    options = load_inventory(write(tmp_path, BASE)).ssh_options()
+    assert isinstance(options, SshOptions)
+    assert options.user == "qualify" and options.host_key_policy == "strict"
+    assert options.known_hosts == ("~/.ssh/known_hosts",)
+    assert options.jump is not None and (options.jump.address, options.jump.port) == ("bastion.example.com", 2222)
+
+
+def test_inventory_hash_is_sha256_of_bytes(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE)
+    assert inventory_hash(path) == hashlib.sha256(BASE.encode()).hexdigest()
+    before = inventory_hash(path)
+    path.write_text(BASE + "\n", encoding="utf-8")
+    assert inventory_hash(path) != before
+
+
+@pytest.mark.parametrize("address", ["127.0.0.11", "::1", "fe80::1", "gb10-a", "gb10-a.lab.example.com."])
+def test_good_addresses(address: str) -> None:
+    assert check_address(address) == address
+
+
+@pytest.mark.parametrize("address", ["", "-gb10", "gb10-", "1.2.3", "256.1.1.1", "a..b", "a b", "[::1]",
+                                     "x" * 64])
+def test_bad_addresses(address: str) -> None:
+    with pytest.raises(ValueError, match="expected an IPv4 address"):
+        check_address(address)
+
+
+# --- command rendering ------------------------------------------------------------------------
+
+def test_render_expands_lists_and_substitutes_inside_tokens() -> None:
+    argv = render_argv("{python} -m srv --port={port} 'two words' {flags}",
+                       {"python": "/usr/bin/python3", "port": 8000, "flags": ["--a", "b c"]})
+    assert argv == ["/usr/bin/python3", "-m", "srv", "--port=8000", "two words", "--a", "b c"]
+    assert render_command("echo {flags}", {"flags": []}) == "echo"
+
+
+def test_render_errors() -> None:
+    with pytest.raises(InventoryError, match=r"server\.command: unknown placeholder \{host\}"):
+        render_command("srv {host}", {"host": "x"})
+    with pytest.raises(InventoryError, match=r"no value given for placeholder \{rank\}"):
+        render_command("srv {rank}", {})
+    with pytest.raises(InventoryError, match=r"placeholder \{flags\} holds several arguments and must stand alone"):
+        render_command("srv --f={flags}", {"flags": ["a", "b"]})
+
+
+HOSTILE = ["x; touch INJECTED", "$(touch INJECTED)", "`touch INJECTED`", "it's \"quoted\"",
+           "line\ntouch INJECTED", "a && touch INJECTED", "> INJECTED", "*", "$HOME", "\\", ""]
+
+
+def test_shell_metacharacters_in_inventory_values_are_not_interpreted(tmp_path: Path) -> None:
+    """Build path and flags full of shell syntax reach the program literally through /bin/sh."""
+    flags = json.dumps(HOSTILE[1:])  # JSON is YAML: every string arrives as written
+    text = edit("server:\n  command: \"{build_path} --rank {rank} --port {port} {flags}\"",
+                "server:\n  command: '{python} -c \"import json,sys; print(json.dumps(sys.argv[1:]))\" "
+                "{build_path} {rank} {flags}'")
+    text = text.replace('{path: /opt/b/set4/server, flags: [--x, "1"], description: the baseline}',
+                        "{path: " + json.dumps(HOSTILE[0]) + ", flags: " + flags + "}")
+    inventory = load_inventory(write(tmp_path, text))
+    build = inventory.build("set4")
+    command = render_command(inventory.server.command, {
+        "python": sys.executable, "build_path": build.path, "rank": 0, "flags": list(build.flags)})
+    result = subprocess.run(["/bin/sh", "-c", command], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=30, check=True)
+    assert json.loads(result.stdout) == [HOSTILE[0], "0", *HOSTILE[1:]]
+    assert not (tmp_path / "INJECTED").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts.yaml"]
+
+
+# --- committed inventories and the schema ------------------------------------------------------
+
+SIM_BUILDS = {"set4", "two_choice", "set8", "set16", "lru4", "set4-fat-cache", "set4-default-reserve",
+              "rank1-exits", "crash-request3", "hang", "broken-metrics", "metrics-500", "prefix-reuse",
+              "refused-metric"}
+
+
+def test_committed_hosts_yaml_is_the_simulated_lab() -> None:
+    inventory = load_inventory(ROOT / "hosts.yaml")
+    assert inventory.lab == "simulated-gb10"
+    (group,) = inventory.groups_resolved()
+    assert [(h.name, h.address, h.rank, h.transport) for h in group.hosts] == [
+        ("gb10-a", "127.0.0.11", 0, "local"), ("gb10-b", "127.0.0.12", 1, "local"),
+        ("gb10-c", "127.0.0.13", 2, "local")]
+    assert (inventory.baseline, inventory.candidate) == ("set4", "two_choice")
+    assert SIM_BUILDS <= set(inventory.builds)
+    for name, build in inventory.builds.items():
+        assert build.description, name
+        share = build.flags[build.flags.index("--host-system-share") + 1]
+        assert share == ("20" if name == "set4-default-reserve" else "40"), name
+    fat = inventory.build("set4-fat-cache").flags
+    assert fat[fat.index("--sim-extra-cache-share") + 1] == "0.25"
+    assert inventory.server.kv_pages.metric == "flare_kv_cache_pages"
+    # the command runs the emulated server from this checkout
+    assert inventory.host_path(inventory.server.workdir or ".", group.rank0) == str(ROOT)
+    assert Path(inventory.host_path(inventory.build("set4").path, group.rank0)).is_file()
+
+
+def test_committed_builds_are_accepted_by_the_emulated_server() -> None:
+    """Every build's flags, with every shipped scenario's, parse with the emulated server's own parser."""
+    from fixtures.scenario import available_scenarios, find_scenario, load_scenario
+    from fixtures.sim.server import parse_args
+
+    inventory = load_inventory(ROOT / "hosts.yaml")
+    (group,) = inventory.groups_resolved()
+    for scenario_name in available_scenarios():
+        scenario = load_scenario(find_scenario(scenario_name))
+        for build in inventory.builds.values():
+            for host in group.hosts:
+                argv = render_argv(inventory.server.command, {
+                    "python": sys.executable, "build_path": build.path, "rank": host.rank,
+                    "world_size": group.world_size, "rank0_address": group.rank0.address,
+                    "address": host.address, "port": inventory.server.http_port,
+                    "flags": [*build.flags, *scenario.server_flags]})
+                assert argv[:3] == [sys.executable, "-m", "fixtures.sim.server"]
+                parsed = parse_args(argv[3:])
+                assert (parsed.rank, parsed.host) == (host.rank, host.address)
+                assert parsed.rank0_address == f"127.0.0.11:{inventory.server.http_port}"
+
+
+def test_committed_drop_caches_runs_unprivileged() -> None:
+    inventory = load_inventory(ROOT / "hosts.yaml")
+    result = subprocess.run(["/bin/sh", "-c", inventory.server.drop_caches], capture_output=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_example_gb10_lab_loads() -> None:
+    inventory = load_inventory(ROOT / "examples" / "gb10-lab.yaml")
+    assert {h.transport for h in inventory.hosts} == {"ssh"}
+    assert inventory.ssh.jump is not None and inventory.ssh.host_key_policy == "strict"
+    assert inventory.server.kv_pages.log_regex is not None
+    assert re.search(inventory.server.kv_pages.log_regex, "KV cache: 41358 pages of 128 tokens")
+    assert inventory.server.drop_caches.startswith("sync && echo 3 | sudo -n tee /proc/sys/vm/drop_caches")
+    assert inventory.baseline in inventory.builds and inventory.candidate in inventory.builds
+
+
+@pytest.mark.parametrize(("kind", "file"), [("inventory", "inventory.schema.json"),
+                                            ("scenario", "scenario.schema.json")])
+def test_committed_schema_is_current(kind: str, file: str) -> None:
+    args = ["schema"] + (["--scenario"] if kind == "scenario" else [])
+    printed = subprocess.run([sys.executable, "-m", "fixtures.cli", *args], capture_output=True, text=True,
+                             timeout=60, check=True, cwd=ROOT).stdout
+    committed = json.loads((ROOT / "fixtures" / "schema" / file).read_text(encoding="utf-8"))
+    assert json.loads(printed) == committed == json_schema(kind)  # type: ignore[arg-type]
+
+
+def test_schema_command_writes_a_file(tmp_path: Path) -> None:
+    from fixtures.cli import main
+
+    assert main(["schema", "--scenario", "-o", str(tmp_path / "s.json")]) == 0
+    assert json.loads((tmp_path / "s.json").read_text(encoding="utf-8")) == json_schema("scenario")
+
+
+def test_schema_accepts_committed_and_rejects_unknown_keys() -> None:
+    schema = json_schema("inventory")
+    for path in (ROOT / "hosts.yaml", ROOT / "examples" / "gb10-lab.yaml"):
+        jsonschema.validate(yaml.safe_load(path.read_text(encoding="utf-8")), schema)
+    data = yaml.safe_load(BASE)
+    data["hosts"][0]["adress"] = "x"
+    with pytest.raises(jsonschema.ValidationError, match="adress"):
+        jsonschema.validate(data, schema)
+
+
+def test_inventory_is_frozen(tmp_path: Path) -> None:
+    inventory = load_inventory(write(tmp_path, BASE))
+    with pytest.raises(Exception, match="frozen"):
+        inventory.lab = "other"
+    assert isinstance(inventory, Inventory)

@@ -1,0 +1,200 @@
+"""Tests of fixtures.scenario: the shipped scenarios and malformed scenario files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fixtures.errors import ScenarioError
+from fixtures.scenario import (METRIC_DIRECTION, available_scenarios, find_scenario, load_scenario)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Lines: 1 name, 2 description, 3 corpus, 4 default, 5 server_flags, 6 requests, 7 A, 8 A2,
+# 9 B, 10 trials, 11 expectations, 12 gain on A2, 13 no_regression on A, 14 kv_pages.
+BASE = """\
+name: mini
+description: a small valid scenario
+corpus:
+  default: true
+server_flags: [--embedding-table-cache-size, 1G]
+requests:
+  - {name: A, start: 0, stop: 100}
+  - {name: A2, start: 0, stop: 100, new_start: 1}
+  - {name: B, start: 200, stop: 300, repeat: 2}
+trials: 4
+expectations:
+  - {metric: hit_rate, request: A2, kind: gain, min_effect: 0.02}
+  - {metric: hit_rate, request: A, kind: no_regression, margin: 0.05}
+  - {metric: kv_pages, kind: no_regression, margin: 0.02}
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "mini.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def edit(old: str, new: str) -> str:
+    assert old in BASE, old
+    return BASE.replace(old, new, 1)
+
+
+def test_base_scenario_defaults(tmp_path: Path) -> None:
+    scenario = load_scenario(write(tmp_path, BASE))
+    assert (scenario.concurrency, scenario.test, scenario.alpha, scenario.block_size) == (1, "welch", 0.01, 1)
+    assert (scenario.request.max_tokens, scenario.request.logprobs, scenario.request.stream) == (1, 20, False)
+    assert scenario.corpus.id_range == (3, 127_999)
+    assert scenario.first_reads() == ["A", "B"]
+    assert scenario.expectations[2].request == "*"
+    assert [e.direction for e in scenario.expectations] == [1, 1, 1]
+    assert METRIC_DIRECTION["readiness_wait_ns"] == -1
+
+
+MALFORMED: list[tuple[str, str, str, str, int | None]] = [
+    ("missing-description", "description: a small valid scenario\n", "",
+     r"mini\.yaml:1: description: required field is missing", 1),
+    ("gain-on-kv-pages", "{metric: kv_pages, kind: no_regression, margin: 0.02}",
+     "{metric: kv_pages, kind: gain, min_effect: 10}",
+     r":14: expectations\[2\]\.kind: kv_pages is always `no_regression`: expected no_regression, found gain", 14),
+    ("gain-on-first-read", "request: A, kind: no_regression, margin: 0.05",
+     "request: A, kind: gain, min_effect: 0.01",
+     r"expectations\[1\]\.kind: the hit rate of a first read \(A\) is set by cold misses: expected "
+     r"no_regression, found gain", 13),
+    ("gain-on-all-requests", "request: A2, kind: gain", 'request: "*", kind: gain',
+     r"expectations\[0\]\.kind: the hit rate of a first read \(A, B\)", 12),
+    ("unknown-request", "request: A2,", "request: A3,",
+     r"expectations\[0\]\.request: unknown request 'A3'; expected \"\*\" or one of: A, A2, B", 12),
+    ("gain-without-min-effect", "kind: gain, min_effect: 0.02", "kind: gain",
+     r"expectations\[0\]\.min_effect: a gain needs `min_effect`", 12),
+    ("gain-with-margin", "kind: gain, min_effect: 0.02", "kind: gain, min_effect: 0.02, margin: 0.1",
+     r"expectations\[0\]\.margin: `margin` belongs to no_regression", 12),
+    ("no-regression-without-margin", "kind: no_regression, margin: 0.05", "kind: no_regression",
+     r"expectations\[1\]\.margin: a no_regression needs `margin`", 13),
+    ("margin-not-a-fraction", "margin: 0.05", "margin: 5",
+     r"expectations\[1\]\.margin: expected a value less than 1, found 5", 13),
+    ("kv-pages-per-request", "{metric: kv_pages, kind", "{metric: kv_pages, request: A, kind",
+     r"expectations\[2\]\.request: kv_pages is read once per start: expected request \"\*\", found 'A'", 14),
+    ("unknown-metric", "{metric: hit_rate, request: A,", "{metric: hitrate, request: A,",
+     r"expectations\[1\]\.metric: expected 'hit_rate', 'readiness_wait_ns'.*found 'hitrate'", 13),
+    ("stop-before-start", "start: 200, stop: 300", "start: 300, stop: 200",
+     r"requests\[2\]\.stop: expected stop > start \(300\), found 200", 9),
+    ("short-new-start", "{name: A2, start: 0, stop: 100, new_start: 1}", "{name: A2, start: 0, stop: 10, new_start: 1}",
+     r"requests\[1\]\.new_start: a new start replaces 16 tokens: expected an excerpt longer than 16", 8),
+    ("duplicate-request", "{name: B,", "{name: A2,", r"requests\[2\]\.name: duplicate request name 'A2'", 9),
+    ("repeat-zero", "repeat: 2", "repeat: 0", r"requests\[2\]\.repeat: expected a value greater than or equal to 1", 9),
+    ("two-corpus-sources", "  default: true\n", "  default: true\n  tokens: t.npy\n",
+     r"corpus: expected exactly one of `default: true`, `tokens` or `text`, found default, tokens", 3),
+    ("no-corpus-source", "  default: true\n", "  id_range: [3, 10]\n",
+     r"corpus: expected exactly one of .*found none", 3),
+    ("text-without-tokenizer", "  default: true\n", "  text: corpus.txt\n",
+     r"corpus\.tokenizer: `text` and `tokenizer` go together; `tokenizer` is missing", 3),
+    ("tokens-bad-suffix", "  default: true\n", "  tokens: corpus.txt\n",
+     r"corpus\.tokens: expected a \.npy or \.json file, found 'corpus\.txt'", 4),
+    ("tokens-file-missing", "  default: true\n", "  tokens: missing.npy\n",
+     r"corpus\.tokens: file not found: .*missing\.npy", 4),
+    ("bad-id-range", "  default: true\n", "  default: true\n  id_range: [10, 3]\n",
+     r"corpus\.id_range: expected \[low, high\] with 0 <= low <= high, found \[10, 3\]", 5),
+    ("bad-test", "trials: 4\n", "trials: 4\ntest: ttest\n",
+     r":11: test: expected 'welch', 'mannwhitney' or 'permutation', found 'ttest'", 11),
+    ("alpha-too-big", "trials: 4\n", "trials: 4\nalpha: 0.5\n", r"alpha: expected a value less than 0\.5", 11),
+    ("one-trial", "trials: 4", "trials: 1", r":10: trials: expected a value greater than or equal to 2", 10),
+    ("max-trials-below-trials", "trials: 4\n", "trials: 4\nmax_trials: 3\n",
+     r"max_trials: expected max_trials >= trials \(4\), found 3", 11),
+    ("flags-not-strings", "server_flags: [--embedding-table-cache-size, 1G]", "server_flags: [--x, 1]",
+     r"server_flags\[1\]: expected a string, found 1", 5),
+    ("no-expectations", BASE[BASE.index("expectations:"):], "expectations: []\n",
+     r"expectations: expected at least 1 item, found none", 11),
+    ("unknown-key", "trials: 4\n", "trials: 4\ntrails: 5\n",
+     r"trails: unknown key \(did you mean 'trials'\?\)", 11),
+    ("name-not-file-name", "name: mini", "name: other", r":1: name: expected the file's name 'mini', found 'other'", 1),
+    ("yaml-syntax", "trials: 4\n", "trials: 4\n\tconcurrency: 2\n",
+     r"mini\.yaml:11: YAML syntax error: .*found character '\\t' that cannot start any token", 11),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "match", "line"), [case[1:] for case in MALFORMED],
+                         ids=[case[0] for case in MALFORMED])
+def test_malformed_scenario(tmp_path: Path, old: str, new: str, match: str, line: int | None) -> None:
+    with pytest.raises(ScenarioError, match=match) as info:
+        load_scenario(write(tmp_path, edit(old, new)))
+    assert "\n" not in str(info.value)
+    if line is not None:
+        assert info.value.line == line
+
+
+def test_corpus_files_resolve_next_to_the_scenario(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "docs.txt").write_text("some text", encoding="utf-8")
+    (tmp_path / "data" / "tokenizer.json").write_text("{}", encoding="utf-8")
+    text = edit("  default: true\n", "  text: data/docs.txt\n  tokenizer: data/tokenizer.json\n")
+    scenario = load_scenario(write(tmp_path, text))
+    assert scenario.corpus.text is not None
+    assert scenario.corpus_path(scenario.corpus.text) == tmp_path / "data" / "docs.txt"
+
+
+def test_tensor_parallel_must_match_the_group(tmp_path: Path) -> None:
+    scenario = load_scenario(write(tmp_path, edit("trials: 4\n", "trials: 4\ntensor_parallel: 4\n")))
+    scenario.check_tensor_parallel(4)
+    with pytest.raises(ScenarioError, match=r"mini\.yaml: tensor_parallel: expected a host group of 4 hosts, "
+                       r"found group 'default' with 3"):
+        scenario.check_tensor_parallel(3)
+
+
+def test_find_scenario() -> None:
+    assert find_scenario("reread-1g") == ROOT / "qualify" / "scenarios" / "reread-1g.yaml"
+    with pytest.raises(ScenarioError, match=r"--scenario: unknown scenario 'reread-2g'; available: "
+                       r"long-prompt, reread-1g, reread-4g"):
+        find_scenario("reread-2g")
+
+
+def test_find_scenario_accepts_a_path(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE)
+    assert find_scenario(str(path)) == path
+
+
+REPORT_SEQUENCE = [("A", 1000, 21000, None), ("A-new-start", 1000, 21000, 1), ("B", 60000, 120000, None),
+                   ("B-new-start", 60000, 120000, 2), ("A-third-read", 1000, 21000, 3)]
+
+
+@pytest.mark.parametrize(("name", "size"), [("reread-1g", "1G"), ("reread-4g", "4G")])
+def test_reread_scenarios_are_the_reports_sequence(name: str, size: str) -> None:
+    scenario = load_scenario(find_scenario(name))
+    assert [(r.name, r.start, r.stop, r.new_start) for r in scenario.requests] == REPORT_SEQUENCE
+    flags = scenario.server_flags
+    assert flags[flags.index("--embedding-table-cache-size") + 1] == size
+    assert flags[flags.index("--prefix-cache-memory") + 1] == "0"
+    assert scenario.corpus.default and scenario.corpus.id_range == (3, 127_999)
+    assert (scenario.request.max_tokens, scenario.request.logprobs) == (1, 20)
+    kv = [e for e in scenario.expectations if e.metric == "kv_pages"]
+    assert [e.kind for e in kv] == ["no_regression"]
+    first = {(e.request, e.kind) for e in scenario.expectations if e.metric == "hit_rate"}
+    assert {("A", "no_regression"), ("B", "no_regression")} <= first
+
+
+def test_reread_1g_asks_for_the_reports_gains() -> None:
+    scenario = load_scenario(find_scenario("reread-1g"))
+    gains = {(e.metric, e.request) for e in scenario.expectations if e.kind == "gain"}
+    assert gains == {(m, r) for m in ("hit_rate", "readiness_wait_ns") for r in ("B-new-start", "A-third-read")}
+    assert all(e.min_effect and e.min_effect > 0 for e in scenario.expectations if e.kind == "gain")
+
+
+def test_long_prompt_fits_and_rereads() -> None:
+    scenario = load_scenario(find_scenario("long-prompt"))
+    assert scenario.tensor_parallel is None  # runs on the three-host simulated lab
+    assert scenario.first_reads() == ["body"]
+    assert "24 GiB" in scenario.description and "500k" in scenario.description
+
+
+def test_all_shipped_scenarios_load_and_fit_the_default_corpus() -> None:
+    from fixtures.sim.corpus import default_corpus
+
+    tokens = len(default_corpus())
+    assert available_scenarios() == ["long-prompt", "reread-1g", "reread-4g"]
+    for name in available_scenarios():
+        scenario = load_scenario(find_scenario(name))
+        assert scenario.name == name
+        assert scenario.corpus.default
+        assert max(r.stop for r in scenario.requests) <= tokens, name

@@ -1,0 +1,276 @@
+"""SshTransport against real OpenSSH sshd instances on 127.0.0.x.
+
+Covers login, connection reuse, ssh_config aliases, the jump host, host-key
+checking (unknown, accept-new, changed), reconnect after an sshd restart and the
+unreachable cases. The contract shared with LocalTransport (quoting, timeouts,
+large output) runs over both in test_transport_local.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fixtures.errors import HostKeyRejected, HostUnreachable, TransportError
+from fixtures.transport import SshOptions, SshTransport
+from tests.sshd import (SshdInstance, SshdLab, SshdUnavailable, free_port, generate_key,
+                        require_sshd)
+
+pytestmark = pytest.mark.sshd
+
+
+def source_port(transport: SshTransport) -> str:
+    """The client port of the connection the command ran on (from $SSH_CONNECTION)."""
+    return transport.run('echo "$SSH_CONNECTION"', check=True).stdout.split()[1]
+
+
+def key_fingerprint(public_key: Path) -> str:
+    """``SHA256:...`` as ssh-keygen computes it."""
+    listing = subprocess.run(["ssh-keygen", "-lf", str(public_key)], check=True,
+                             capture_output=True, text=True).stdout
+    return listing.split()[1]
+
+
+def connect(lab: SshdLab, host: SshdInstance, known_hosts: Path, name: str = "h1",
+            **overrides: Any) -> SshTransport:
+    return SshTransport(name, host.address, host.port,
+                        options=lab.options(known_hosts, **overrides))
+
+
+@pytest.fixture
+def empty_known_hosts(tmp_path: Path) -> Path:
+    return tmp_path / "ssh" / "known_hosts"
+
+
+def test_key_login_runs_commands_on_one_reused_connection(
+        ssh_transport: SshTransport, sshd_lab: SshdLab,
+        record_property: Callable[[str, object], None]) -> None:
+    assert not ssh_transport.connected()  # lazy: nothing happens before the first command
+    started = time.monotonic()
+    assert ssh_transport.run(["id", "-un"], check=True).stdout == f"{sshd_lab.user}\n"
+    login_s = time.monotonic() - started
+    port = source_port(ssh_transport)
+    rounds = 10
+    started = time.monotonic()
+    for _ in range(rounds):
+        ssh_transport.run("true", check=True)
+    round_trip_s = (time.monotonic() - started) / rounds
+    assert source_port(ssh_transport) == port  # the same TCP connection throughout
+    record_property("ssh_login_and_first_command_s", round(login_s, 4))
+    record_property("ssh_command_round_trip_s", round(round_trip_s, 4))
+    print(f"\nssh login + first command {login_s * 1000:.0f} ms; "
+          f"round trip on the reused connection {round_trip_s * 1000:.0f} ms")
+
+
+def test_ssh_config_alias_resolves_hostname_port_user_and_identity(
+        sshd_lab: SshdLab, sshd_host: SshdInstance, tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host gb10-a\n  HostName {sshd_host.address}\n  Port {sshd_host.port}\n"
+                      f"  User {sshd_lab.user}\n  IdentityFile {sshd_lab.client_key}\n")
+    known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts", sshd_host)
+    options = SshOptions(ssh_config=str(config), known_hosts=(str(known_hosts),),
+                         use_agent=False)
+    with SshTransport("h1", "gb10-a", options=options) as transport:
+        assert (transport.endpoint.address, transport.endpoint.port) == (
+            sshd_host.address, sshd_host.port)
+        assert transport.run(["echo", "via alias"], check=True).stdout == "via alias\n"
+
+
+def test_missing_ssh_config_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match=r"nowhere/ssh_config: the ssh config file cannot be "
+                                        r"read: No such file or directory"):
+        SshTransport("h1", "gb10-a", options=SshOptions(ssh_config=str(tmp_path / "nowhere"
+                                                                       / "ssh_config")))
+
+
+@pytest.fixture
+def jump_pair(sshd_lab: SshdLab) -> Iterator[tuple[SshdInstance, SshdInstance]]:
+    jump, target = sshd_lab.start("jump"), sshd_lab.start("target")
+    yield jump, target
+    jump.stop()
+    target.stop()
+
+
+def test_jump_host_carries_the_connection(
+        sshd_lab: SshdLab, jump_pair: tuple[SshdInstance, SshdInstance], tmp_path: Path) -> None:
+    jump, target = jump_pair
+    known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts", jump, target)
+    with connect(sshd_lab, target, known_hosts, jump=jump) as transport:
+        assert transport.run(["echo", "through"], check=True).stdout == "through\n"
+        assert len(jump.session_pids()) > 0  # the jump host holds a connection for us
+        # once the jump host is down the target is unreachable: traffic went through it
+        jump.stop()
+        with pytest.raises(HostUnreachable, match=rf"^host h1: cannot connect to jump host "
+                                                  rf".*@{re.escape(jump.address)}:{jump.port}: "
+                                                  rf"Connection refused"):
+            transport.run("true")
+
+
+def test_proxy_jump_from_the_ssh_config(
+        sshd_lab: SshdLab, jump_pair: tuple[SshdInstance, SshdInstance], tmp_path: Path) -> None:
+    jump, target = jump_pair
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host bastion\n  HostName {jump.address}\n  Port {jump.port}\n"
+                      f"Host gb10-b\n  HostName {target.address}\n  Port {target.port}\n"
+                      f"  ProxyJump {sshd_lab.user}@bastion\n")
+    known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts", jump, target)
+    options = sshd_lab.options(known_hosts, ssh_config=str(config))
+    with SshTransport("h2", "gb10-b", options=options) as transport:
+        assert transport.jump is not None and transport.jump.port == jump.port
+        assert transport.run(["echo", "hop"], check=True).stdout == "hop\n"
+        assert len(jump.session_pids()) > 0
+
+
+def test_jump_host_key_is_checked_too(
+        sshd_lab: SshdLab, jump_pair: tuple[SshdInstance, SshdInstance], tmp_path: Path) -> None:
+    jump, target = jump_pair
+    known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts", target)  # jump unknown
+    with pytest.raises(HostKeyRejected, match=rf"^host h1: the SSH host key of jump host "
+                                              rf"\[{re.escape(jump.address)}\]:{jump.port} "
+                                              rf"is unknown"):
+        connect(sshd_lab, target, known_hosts, jump=jump).run("true")
+
+
+def test_unknown_host_key_is_rejected_with_fingerprint_and_fix(
+        sshd_lab: SshdLab, sshd_host: SshdInstance, empty_known_hosts: Path) -> None:
+    fingerprint = key_fingerprint(sshd_host.host_key.with_suffix(".pub"))
+    pattern = (rf"^host h1: the SSH host key of \[{re.escape(sshd_host.address)}\]:"
+               rf"{sshd_host.port} is unknown: the server offered ssh-ed25519 "
+               rf"{re.escape(fingerprint)}, which is in none of the known_hosts files .*"
+               rf"`ssh-keyscan -p {sshd_host.port} -t ssh-ed25519 "
+               rf"{re.escape(sshd_host.address)} >> .*known_hosts`, or set host_key_policy: "
+               rf"accept-new")
+    with pytest.raises(HostKeyRejected, match=pattern):
+        connect(sshd_lab, sshd_host, empty_known_hosts).run("true")
+    assert not empty_known_hosts.exists()  # strict records nothing
+
+
+def test_accept_new_records_the_key_then_strict_accepts_it(
+        sshd_lab: SshdLab, sshd_host: SshdInstance, empty_known_hosts: Path) -> None:
+    with connect(sshd_lab, sshd_host, empty_known_hosts,
+                 host_key_policy="accept-new") as transport:
+        assert transport.run("echo first", check=True).ok
+    recorded = empty_known_hosts.read_text()
+    assert recorded.split() == sshd_host.host_key_line.split()[:3]
+    with connect(sshd_lab, sshd_host, empty_known_hosts) as strict:
+        assert strict.run("echo again", check=True).ok
+    assert empty_known_hosts.read_text() == recorded  # known keys are not recorded twice
+
+
+def test_changed_host_key_is_rejected_even_with_accept_new(
+        sshd_lab: SshdLab, sshd_host: SshdInstance, tmp_path: Path) -> None:
+    known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts", sshd_host)
+    old = key_fingerprint(sshd_host.host_key.with_suffix(".pub"))
+    sshd_host.restart(new_host_key=True)
+    new = key_fingerprint(sshd_host.host_key.with_suffix(".pub"))
+    before = known_hosts.read_text()
+    with pytest.raises(HostKeyRejected, match=rf"^host h1: the SSH host key of "
+                                              rf"\[{re.escape(sshd_host.address)}\]:"
+                                              rf"{sshd_host.port} CHANGED: known_hosts .* has "
+                                              rf"ssh-ed25519 {re.escape(old)}, the server offered "
+                                              rf"ssh-ed25519 {re.escape(new)}\..*ssh-keygen -R"):
+        connect(sshd_lab, sshd_host, known_hosts, host_key_policy="accept-new").run("true")
+    assert known_hosts.read_text() == before
+
+
+def test_reconnects_once_after_sshd_restarts_then_reports_unreachable(
+        ssh_transport: SshTransport, sshd_host: SshdInstance,
+        caplog: pytest.LogCaptureFixture) -> None:
+    port_before = source_port(ssh_transport)
+    sshd_host.restart()  # drops every connection, like a host rebooting
+    with caplog.at_level(logging.WARNING, logger="cache_qualify.transport"):
+        port_after = source_port(ssh_transport)
+    assert port_after != port_before
+    assert caplog.text.count("reconnecting once") == 1
+    sshd_host.stop()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="cache_qualify.transport"):
+        with pytest.raises(HostUnreachable, match=rf"^host h1: cannot connect to .*@"
+                                                  rf"{re.escape(sshd_host.address)}:"
+                                                  rf"{sshd_host.port}: Connection refused$"):
+            ssh_transport.run("true")
+    assert caplog.text.count("reconnecting once") == 1  # one attempt, then the error
+
+
+def test_connection_lost_during_a_command_is_reported(
+        ssh_transport: SshTransport, sshd_host: SshdInstance) -> None:
+    ssh_transport.run("true", check=True)
+    stopper = threading.Timer(0.5, sshd_host.stop)
+    stopper.start()
+    with pytest.raises(HostUnreachable, match=r"^host h1: the connection to .* was lost while "
+                                              r"'sleep 20' ran; its outcome is unknown$"):
+        ssh_transport.run("sleep 20")
+    stopper.join()
+
+
+def test_unreachable_address_names_host_address_and_cause(
+        sshd_lab: SshdLab, tmp_path: Path) -> None:
+    address = "127.0.0.99"
+    port = free_port(address)  # nothing listens there
+    transport = SshTransport("h3", address, port, options=sshd_lab.options(tmp_path / "kh"))
+    with pytest.raises(HostUnreachable, match=rf"^host h3: cannot connect to "
+                                              rf".*@127\.0\.0\.99:{port}: Connection refused$"):
+        transport.run("true")
+
+
+def test_a_server_that_is_not_ssh_is_reported(sshd_lab: SshdLab, tmp_path: Path) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.98", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        options = sshd_lab.options(tmp_path / "kh", connect_timeout_s=1.0)
+        threading.Thread(target=lambda: listener.accept()[0].sendall(b"HTTP/1.1 400\r\n"),
+                         daemon=True).start()
+        with pytest.raises(HostUnreachable, match=rf"^host h1: cannot connect to "
+                                                  rf".*:{port}: .*SSH protocol banner"):
+            SshTransport("h1", "127.0.0.98", port, options=options).run("true")
+
+
+def test_refused_key_names_the_user_and_the_keys_tried(
+        sshd_lab: SshdLab, sshd_host: SshdInstance, tmp_path: Path) -> None:
+    stranger = generate_key(tmp_path / "id_stranger", "not-authorized")
+    known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts", sshd_host)
+    transport = connect(sshd_lab, sshd_host, known_hosts, identity_file=str(stranger))
+    with pytest.raises(HostUnreachable, match=rf"^host h1: .*@{re.escape(sshd_host.address)}:"
+                                              rf"{sshd_host.port} refused authentication .*"
+                                              rf"tried identity file\(s\) .*id_stranger\. "
+                                              rf"Check the user"):
+        transport.run("true")
+
+
+def test_missing_identity_file_is_named(
+        sshd_lab: SshdLab, sshd_host: SshdInstance, tmp_path: Path) -> None:
+    transport = connect(sshd_lab, sshd_host, tmp_path / "kh",
+                        identity_file=str(tmp_path / "no_such_key"))
+    with pytest.raises(TransportError, match=r"^host h1: the identity file .*no_such_key does "
+                                             r"not exist$"):
+        transport.run("true")
+
+
+def test_key_material_is_never_logged(
+        sshd_lab: SshdLab, sshd_host: SshdInstance, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    with caplog.at_level(logging.DEBUG):  # every logger, paramiko's included
+        with connect(sshd_lab, sshd_host, known_hosts, host_key_policy="accept-new") as ssh:
+            ssh.run("true", check=True)
+    assert "recorded the new host key" in caplog.text
+    private_body = sshd_lab.client_key.read_text().splitlines()[1:-1]
+    public_blob = sshd_lab.client_key.with_suffix(".pub").read_text().split()[1]
+    for secret in [*private_body, public_blob]:
+        assert secret not in caplog.text
+
+
+def test_missing_sshd_fails_with_an_install_hint(tmp_path: Path) -> None:
+    with pytest.raises(SshdUnavailable, match=r"not found at .*/sbin/sshd; install "
+                                              r"openssh-server .* fail rather than skip"):
+        require_sshd(tmp_path / "sbin" / "sshd")
