@@ -10,16 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from fixtures.transport import LocalTransport, SshTransport, Transport
-from tests.sshd import SshdInstance, SshdLab, SshdUnavailable
+from fixtures.transport import LocalTransport, Transport
+
+if TYPE_CHECKING:  # paramiko is imported only by sessions that use SSH
+    from fixtures.transport import SshTransport
+    from tests.sshd import SshdInstance, SshdLab
 
 
 @pytest.fixture(scope="session")
 def sshd_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdLab]:
     """A client key and a factory of sshd instances, all stopped at the end."""
+    from tests.sshd import SshdLab, SshdUnavailable
+
     try:
         lab = SshdLab(tmp_path_factory.mktemp("sshd"))
     except SshdUnavailable as exc:
@@ -40,6 +46,8 @@ def sshd_host(sshd_lab: SshdLab) -> Iterator[SshdInstance]:
 def ssh_transport(sshd_lab: SshdLab, sshd_host: SshdInstance,
                   tmp_path: Path) -> Iterator[SshTransport]:
     """An SshTransport to ``sshd_host`` whose key is in a strict known_hosts file."""
+    from fixtures.transport import SshTransport
+
     known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts", sshd_host)
     with SshTransport("h1", sshd_host.address, sshd_host.port,
                       options=sshd_lab.options(known_hosts)) as transport:

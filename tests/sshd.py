@@ -96,8 +96,10 @@ def _is_sshd(pid: int) -> bool:
 class SshdInstance:
     """One sshd on ``address``:``port``; can be stopped, restarted, and given a new host key."""
 
-    def __init__(self, name: str, address: str, workdir: Path, authorized_keys: Path) -> None:
+    def __init__(self, name: str, address: str, workdir: Path, authorized_keys: Path,
+                 extra_config: tuple[str, ...] = ()) -> None:
         self.name = name
+        self.extra_config = extra_config
         self.address = address
         self.workdir = workdir
         self.authorized_keys = authorized_keys
@@ -114,8 +116,9 @@ class SshdInstance:
 
     def _write_config(self) -> Path:
         config = self.workdir / "sshd_config"
+        # sshd keeps the first value of a keyword: the extra lines win
         config.write_text("\n".join([
-            f"Port {self.port}", f"ListenAddress {self.address}",
+            *self.extra_config, f"Port {self.port}", f"ListenAddress {self.address}",
             f"HostKey {self.host_key}", f"AuthorizedKeysFile {self.authorized_keys}",
             f"PidFile {self.workdir / 'sshd.pid'}",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no",
@@ -200,14 +203,19 @@ class SshdLab:
             f"127.0.0.{base + n % _ADDRESSES_PER_WORKER}" for n in itertools.count())
         self._names = itertools.count(1)
 
-    def start(self, name: str | None = None) -> SshdInstance:
-        """A new running sshd instance on the next address of this worker's block."""
+    def start(self, name: str | None = None, *, extra_config: tuple[str, ...] = ()
+              ) -> SshdInstance:
+        """A new running sshd instance on the next address of this worker's block.
+
+        ``extra_config`` lines (``"MaxSessions 1"``) override the defaults.
+        """
         name = name or f"sshd{next(self._names)}"
         workdir = self.root / f"{name}-{len(self.instances)}"
         workdir.mkdir()
         error = SshdUnavailable(f"sshd {name} did not start")
         for _attempt in range(3):  # a free port can be taken between probe and bind
-            instance = SshdInstance(name, next(self._addresses), workdir, self.authorized_keys)
+            instance = SshdInstance(name, next(self._addresses), workdir, self.authorized_keys,
+                                    extra_config)
             try:
                 instance.start()
             except SshdUnavailable as exc:

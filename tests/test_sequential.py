@@ -8,7 +8,7 @@ import pytest
 from fixtures.errors import PlanError
 from fixtures.sequential import (DEFAULT_BOUNDARY, Boundary, carry, decided, fractions_of, nominal_alpha,
                                  plan_looks)
-from fixtures.verdict import Assertion, evaluate
+from fixtures.verdict import Assertion, Verdict, evaluate
 from tests import stats_sim
 
 RUNS = 2000
@@ -71,7 +71,7 @@ def test_o_brien_fleming_like_spending_is_strict_early_and_near_alpha_late() -> 
     assert nominal[0] < 0.001 < nominal[2] < nominal[-1] < 0.025
 
 
-def _verdicts(effect: float, n: int, *, look: int, looks: tuple[int, ...]) -> list:
+def _verdicts(effect: float, n: int, *, look: int, looks: tuple[int, ...]) -> list[Verdict]:
     a = Assertion("hit_rate", "B-new-start", "gain", True)
     rng = np.random.default_rng(4)
     samples = {a.id: (rng.normal(0.86, 0.001, n), rng.normal(0.86 + effect, 0.001, n))}

@@ -212,6 +212,32 @@ def test_connection_lost_during_a_command_is_reported(
     stopper.join()
 
 
+def test_a_refused_session_is_not_mistaken_for_a_dropped_connection(
+        sshd_lab: SshdLab, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    host = sshd_lab.start(extra_config=("MaxSessions 1",))
+    try:
+        known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts", host)
+        with connect(sshd_lab, host, known_hosts) as transport:
+            channel = transport.open_channel("cat")  # takes the only session
+            with pytest.raises(TransportError, match=r"^host h1: .* refused a new session "
+                                                     r"\(channel open failed: Connect failed\); "
+                                                     r"its sshd MaxSessions may be lower"):
+                transport.run("true")
+            assert "reconnecting" not in caplog.text
+            channel.close(wait_s=5)
+            deadline = time.monotonic() + 5  # sshd frees the session slot just after the close
+            while time.monotonic() < deadline:
+                try:
+                    assert transport.run("true").ok  # the same connection serves again
+                    break
+                except TransportError:
+                    time.sleep(0.05)
+            else:
+                pytest.fail("the session slot was not freed within 5 s")
+    finally:
+        host.stop()
+
+
 def test_unreachable_address_names_host_address_and_cause(
         sshd_lab: SshdLab, tmp_path: Path) -> None:
     address = "127.0.0.99"

@@ -11,8 +11,8 @@ from fixtures.sim.memory import (GIB, MIN_KV_PAGES, MemoryModel, draw_kv_pages, 
 LOWERED, DEFAULT = 40, 20   # HOST_SYSTEM_SHARE: the report's patched runtime, and the stock one
 
 
-def pages(share: int, cache_gib: float, starts: int = 400, **kw: float) -> np.ndarray:
-    budget = kv_budget(MemoryModel(host_system_share=share, row_cache_bytes=int(cache_gib * GIB), **kw))
+def pages(share: int, cache_gib: float, starts: int = 400) -> np.ndarray:
+    budget = kv_budget(MemoryModel(host_system_share=share, row_cache_bytes=int(cache_gib * GIB)))
     return np.array([draw_kv_pages(budget, np.random.default_rng(seed)) for seed in range(starts)])
 
 

@@ -124,6 +124,12 @@ def total(snapshot: dict[Key, float], name: str) -> float:
     return sum(v for (n, _), v in snapshot.items() if n == name)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def kernels_loaded() -> None:
+    """Compile the jitted kernel once (on a fresh install) before ranks start side by side."""
+    subprocess.run([sys.executable, "-m", "fixtures.sim.server", "--sim-warm-only"], check=True, timeout=300)
+
+
 @pytest.fixture
 def group(tmp_path: Path) -> Iterator[Any]:
     """A factory of groups, every one stopped at the end of the test."""
@@ -323,6 +329,7 @@ def test_hang_on_request_never_answers_but_keeps_serving_metrics(group: Any) -> 
     assert g.client.get(g.url(1, "/metrics")).status_code == 200
     assert g.client.get(g.url(0, "/health")).status_code == 200
     assert all(proc.poll() is None for proc in g.procs)
+    assert set(g.stop()) == {0}   # SIGTERM ends both, the hung request notwithstanding
 
 
 def test_metrics_missing_drops_the_readiness_wait_on_that_rank_only(group: Any) -> None:
@@ -362,6 +369,16 @@ def test_prefix_reuse_reports_cached_tokens_that_skip_the_cache(group: Any, sequ
     assert usage["prompt_tokens_details"]["cached_tokens"] == 155 * 128
     lookups = [sum(delta(y, x, n, "0") for n in (HITS, MISSES)) for x, y in ((first, second), (second, third))]
     assert lookups[1] < 0.02 * lookups[0]
+
+
+def test_sleep_scale_makes_a_request_take_its_modelled_time(group: Any) -> None:
+    # 1,000 tokens at 2 ms each is 2 s of modelled compute; a quarter of it is slept
+    g = group(tp=1, flags=["--sim-compute-ns-per-token", "2000000", "--sim-sleep-scale", "0.25",
+                           "--sim-miss-cost-ns", "0"])
+    g.wait_ready()
+    started = time.perf_counter()
+    assert g.complete(np.arange(100, 1100)).status_code == 200
+    assert 0.5 <= time.perf_counter() - started < 5.0
 
 
 # -- startup and flags -----------------------------------------------------------------------------

@@ -1,0 +1,155 @@
+"""Simulated labs for the suite's own tests: inventories derived from the committed hosts.yaml.
+
+Each test gets its own copy with a free server port, its own run folder on
+the "hosts" and absolute paths, so tests can run side by side (and beside a
+lab runner using the committed file) without sharing a port or a lock. Also:
+running the real `pytest qualify` in a subprocess, and finding emulated-server
+processes in the process table.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SIM_ADDRESSES = ("127.0.0.11", "127.0.0.12", "127.0.0.13")
+
+
+def free_port(addresses: Sequence[str] = SIM_ADDRESSES) -> int:
+    """A TCP port free on every address (probed, then released)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind((addresses[0], 0))
+            port = int(probe.getsockname()[1])
+        if all(_bindable(a, port) for a in addresses):
+            return port
+    raise RuntimeError(f"no port free on all of {addresses}")
+
+
+def _bindable(address: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+def committed_inventory() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((REPO / "hosts.yaml").read_text(encoding="utf-8"))
+    return data
+
+
+def write_inventory(tmp_path: Path, *, name: str = "hosts.yaml", hosts: list[dict[str, Any]] | None = None,
+                    groups: list[dict[str, Any]] | None = None, ssh: Mapping[str, Any] | None = None,
+                    server: Mapping[str, Any] | None = None, builds: Mapping[str, Mapping[str, Any]] | None = None,
+                    baseline: str | None = None, candidate: str | None = None) -> Path:
+    """An inventory like the committed one with a free port, its own run folder and absolute paths."""
+    data = committed_inventory()
+    addresses = [h["address"] for h in (hosts or data["hosts"])]
+    data["server"].update(http_port=free_port(addresses), workdir=str(REPO),
+                          run_dir=str(tmp_path / "on-hosts"), **(server or {}))
+    for build in data["builds"].values():
+        build["path"] = str(REPO / build["path"])
+    data["builds"].update({k: dict(v) for k, v in (builds or {}).items()})
+    if hosts is not None:
+        data["hosts"] = hosts
+    if groups is not None:
+        data["groups"] = groups
+    if ssh is not None:
+        data["ssh"] = dict(ssh)
+    if baseline:
+        data["baseline"] = baseline
+    if candidate:
+        data["candidate"] = candidate
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def sim_processes(port: int | None = None) -> list[tuple[int, str]]:
+    """(pid, command line) of every emulated-server rank in the process table (on `port` if given)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        line = " ".join(a.decode(errors="replace") for a in args if a)
+        if "fixtures.sim.server" not in line or line.startswith("sh -c"):
+            continue
+        if port is None or f"--port {port}" in line:
+            found.append((int(entry.name), line))
+    return found
+
+
+def wait_no_sim_processes(port: int, timeout_s: float = 10.0) -> list[tuple[int, str]]:
+    """Wait until no rank on `port` is left; return what is still there after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while (left := sim_processes(port)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def inventory_port(path: Path) -> int:
+    return int(yaml.safe_load(path.read_text(encoding="utf-8"))["server"]["http_port"])
+
+
+@dataclass(frozen=True)
+class QualifyRun:
+    """A finished `pytest qualify` subprocess and where it wrote."""
+
+    returncode: int
+    output: str
+    reports: Path
+
+    def run_dir(self) -> Path:
+        runs = sorted(p for p in self.reports.iterdir() if p.is_dir())
+        assert runs, f"no run folder in {self.reports}:\n{self.output}"
+        return runs[-1]
+
+    def junit(self) -> ET.Element:
+        return ET.parse(self.run_dir() / "junit.xml").getroot()
+
+    def testcases(self) -> dict[str, ET.Element]:
+        return {case.get("name", ""): case for case in self.junit().iter("testcase")}
+
+
+def qualify_command(inventory: Path, reports: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "pytest", "qualify", "--hosts", str(inventory), "--reports-dir", str(reports),
+            "-p", "no:cacheprovider", "-q", "-rA", *args]
+
+
+def run_qualify(inventory: Path, reports: Path, *args: str, timeout_s: float = 300.0,
+                env: Mapping[str, str] | None = None) -> QualifyRun:
+    """Run the real `pytest qualify` on `inventory`, from the repository, and wait for it."""
+    proc = subprocess.run(qualify_command(inventory, reports, *args), cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout_s, env={**os.environ, **(env or {})})
+    return QualifyRun(proc.returncode, proc.stdout + proc.stderr, reports)
+
+
+def start_qualify(inventory: Path, reports: Path, *args: str) -> subprocess.Popen[str]:
+    """Start `pytest qualify` in its own session (so a test can signal it like a terminal would)."""
+    return subprocess.Popen(qualify_command(inventory, reports, *args), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def interrupt(proc: subprocess.Popen[str], sig: int = signal.SIGINT) -> str:
+    """Send `sig` to the run (as Ctrl-C would) and collect its output."""
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=120)
+    return out

@@ -1,0 +1,202 @@
+"""Server lifecycle on real processes: local transport and SSH to loopback sshd hosts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fixtures.errors import CommandFailed, LockHeld, RankExited, StaleServer
+from fixtures.inventory import Inventory, load_inventory
+from fixtures.lab import Lab
+from fixtures.server import ServerGroup
+from tests.labfixtures import REPO, inventory_port, sim_processes, wait_no_sim_processes, write_inventory
+from tests.sshd import SshdLab
+
+FLAGS = ("--embedding-table-cache-size", "1G", "--prefix-cache-memory", "0")
+
+
+def open_lab(inventory: Inventory, run_id: str = "test-run", **kw: float) -> Lab:
+    return Lab(inventory, inventory.groups_resolved()[0], run_id=run_id, **kw).open()
+
+
+@pytest.fixture
+def inventory(tmp_path: Path) -> Iterator[Inventory]:
+    path = write_inventory(tmp_path)
+    yield load_inventory(path)
+    assert wait_no_sim_processes(inventory_port(path)) == []
+
+
+def start_build(lab: Lab, build: str, flags: tuple[str, ...] = FLAGS) -> ServerGroup:
+    server = ServerGroup(lab, build, lab.inventory.build(build), flags=flags, tag=f"t-{build}")
+    server.check_stale(kill=False)
+    server.start()
+    return server
+
+
+def test_committed_inventory_starts_reads_kv_pages_and_stops() -> None:
+    """The committed hosts.yaml, exactly as a lab runner uses it."""
+    inventory = load_inventory(REPO / "hosts.yaml")
+    port = inventory.server.http_port
+    with open_lab(inventory) as lab:
+        server = start_build(lab, "set4")
+        try:
+            server.wait_ready()
+            pages = server.kv_pages()
+        finally:
+            server.stop()
+            server.close()
+    assert sorted(pages) == ["gb10-a", "gb10-b", "gb10-c"]
+    assert all(40_500 < p < 42_100 for p in pages.values()), pages  # the report: 41,358 and 41,301
+    assert wait_no_sim_processes(port, timeout_s=1.0) == []
+
+
+def test_rank_exiting_at_startup_names_host_rank_status_and_error(inventory: Inventory) -> None:
+    with open_lab(inventory) as lab:
+        server = start_build(lab, "rank1-exits")
+        try:
+            with pytest.raises(RankExited, match=r"host gb10-b rank 1: rank 1 of build 'rank1-exits' exited "
+                                                 r"during startup \(exit status [1-9]\d*\)") as info:
+                server.wait_ready(timeout_s=60)
+        finally:
+            server.stop()
+            server.close()
+    assert info.value.host == "gb10-b" and info.value.rank == 1
+    assert "error" in info.value.log_tail.lower(), info.value.log_tail
+
+
+def test_default_reserve_with_4g_cache_fails_with_the_ranks_error(inventory: Inventory) -> None:
+    flags = ("--embedding-table-cache-size", "4G", "--prefix-cache-memory", "0")
+    with open_lab(inventory) as lab:
+        server = start_build(lab, "set4-default-reserve", flags)
+        try:
+            with pytest.raises(RankExited, match=r"exited during startup") as info:
+                server.wait_ready(timeout_s=60)
+        finally:
+            server.stop()
+            server.close()
+    assert "4" in info.value.log_tail and "pages" in info.value.log_tail.lower()
+
+
+def test_stale_server_is_reported_then_killed_with_kill_stale(inventory: Inventory) -> None:
+    with open_lab(inventory) as lab:
+        stale = start_build(lab, "set4")  # an earlier run that never stopped its ranks
+        stale.wait_ready()
+        fresh = ServerGroup(lab, "set4", inventory.build("set4"), flags=FLAGS, tag="t-fresh")
+        with pytest.raises(StaleServer, match=r"host gb10-a rank 0: a server from an earlier run is still "
+                                              r"running \(process group \d+"):
+            fresh.check_stale(kill=False)
+        fresh.check_stale(kill=True)
+        assert wait_no_sim_processes(inventory.server.http_port) == []
+        stale.close()
+        fresh.close()
+
+
+def test_unrecorded_process_on_the_port_is_reported(inventory: Inventory) -> None:
+    import socket
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.12", inventory.server.http_port))
+        squatter.listen()
+        with open_lab(inventory) as lab:
+            server = ServerGroup(lab, "set4", inventory.build("set4"), flags=FLAGS)
+            with pytest.raises(StaleServer, match=rf"host gb10-b rank 1: port {inventory.server.http_port} on "
+                                                  r"127.0.0.12 is already in use"):
+                server.check_stale(kill=False)
+            server.close()
+
+
+def test_closing_the_lab_stops_servers_the_runner_left(inventory: Inventory) -> None:
+    """The lock holder's release command stops whatever the runner recorded."""
+    lab = open_lab(inventory)
+    server = start_build(lab, "set4")
+    server.wait_ready()
+    assert len(sim_processes(inventory.server.http_port)) == 3
+    lab.close()  # no server.stop(): as if the runner forgot
+    server.close()
+    assert wait_no_sim_processes(inventory.server.http_port) == []
+
+
+def test_sigkilled_runner_leaves_no_server_and_no_lock(tmp_path: Path) -> None:
+    path = write_inventory(tmp_path)
+    port = inventory_port(path)
+    runner = textwrap.dedent(f"""
+        import sys, time
+        from fixtures.inventory import load_inventory
+        from fixtures.lab import Lab
+        from fixtures.server import ServerGroup
+        inv = load_inventory({str(path)!r})
+        lab = Lab(inv, inv.groups_resolved()[0], run_id="doomed").open()
+        server = ServerGroup(lab, "set4", inv.build("set4"), flags={list(FLAGS)!r})
+        server.start(); server.wait_ready()
+        print("READY", flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", runner], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
+        assert len(sim_processes(port)) == 3
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert wait_no_sim_processes(port, timeout_s=30) == []
+        # and the lock is free: a new runner takes every host (once the holder finished stopping)
+        inventory = load_inventory(path)
+        with open_lab(inventory, run_id="next", lock_wait_s=15):
+            pass
+    finally:
+        proc.kill()
+
+
+def test_second_runner_is_told_who_holds_the_hosts(inventory: Inventory) -> None:
+    with open_lab(inventory, run_id="first-run"):
+        with pytest.raises(LockHeld, match=r"host gb10-a: the lock .* is held by user \S+ on runner \S+ "
+                                           r"\(run first-run, pid \d+\) since \S+"):
+            open_lab(inventory, run_id="second-run")
+
+
+def test_failing_page_cache_drop_names_the_host(tmp_path: Path) -> None:
+    path = write_inventory(tmp_path, server={"drop_caches": "echo 'sudo: a password is required' >&2; exit 1"})
+    with open_lab(load_inventory(path)) as lab:
+        with pytest.raises(CommandFailed, match=r"host gb10-\w: dropping the page cache failed with status 1: "
+                                                r"sudo: a password is required"):
+            lab.drop_caches()
+
+
+def test_page_cache_drop_is_recorded_per_host(inventory: Inventory) -> None:
+    with open_lab(inventory) as lab:
+        records = lab.drop_caches()
+    assert [r.host for r in records] == ["gb10-a", "gb10-b", "gb10-c"]
+    assert all(r.ok for r in records)
+
+
+@pytest.mark.sshd
+def test_three_rank_server_over_ssh(sshd_lab: SshdLab, tmp_path: Path) -> None:
+    """Three loopback sshd hosts: start, read KV pages, stop, nothing left."""
+    instances = [sshd_lab.start(f"gb10-{c}") for c in "abc"]
+    known = sshd_lab.known_hosts(tmp_path / "known_hosts", *instances)
+    hosts = [{"name": f"gb10-{c}", "address": inst.address, "port": inst.port, "rank": r, "transport": "ssh"}
+             for r, (c, inst) in enumerate(zip("abc", instances))]
+    ssh = {"user": sshd_lab.user, "identity_file": str(sshd_lab.client_key), "use_agent": False,
+           "known_hosts": [str(known)], "host_key_policy": "strict", "connect_timeout_s": 5,
+           "command_timeout_s": 60}
+    path = write_inventory(tmp_path, hosts=hosts, ssh=ssh)
+    inventory = load_inventory(path)
+    port = inventory.server.http_port
+    with open_lab(inventory) as lab:
+        server = start_build(lab, "set4")
+        try:
+            server.wait_ready()
+            pages = server.kv_pages()
+            assert len(sim_processes(port)) == 3
+        finally:
+            server.stop()
+            server.close()
+    assert sorted(pages) == ["gb10-a", "gb10-b", "gb10-c"]
+    assert all(40_500 < p < 42_100 for p in pages.values())
+    assert wait_no_sim_processes(port, timeout_s=2.0) == []
