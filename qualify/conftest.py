@@ -22,13 +22,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         kinds = metafunc.definition.get_closest_marker("assertion_metrics")
         wanted = kinds.args if kinds else None
         params = []
-        for name in state.scenarios:
-            scenario = state.qualifier().scenario(name)
+        for given in state.scenarios:
+            scenario = state.qualifier().scenario(given)
             for a in assertions_for(scenario):
                 if wanted is None or a.metric in wanted:
-                    test_id = f"{name}:{a.id}" if several else a.id
-                    params.append(pytest.param(name, a.id, id=test_id, marks=pytest.mark.xdist_group(name)))
+                    test_id = f"{scenario.name}:{a.id}" if several else a.id
+                    params.append(pytest.param(given, a.id, id=test_id,
+                                               marks=pytest.mark.xdist_group(scenario.name)))
         metafunc.parametrize(("scenario_name", "assertion_id"), params)
     else:
-        metafunc.parametrize("scenario_name", [pytest.param(n, id=n, marks=pytest.mark.xdist_group(n))
-                                               for n in state.scenarios])
+        params = []
+        for given in state.scenarios:
+            name = state.qualifier().scenario(given).name
+            params.append(pytest.param(given, id=name, marks=pytest.mark.xdist_group(name)))
+        metafunc.parametrize("scenario_name", params)

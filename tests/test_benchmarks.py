@@ -1,0 +1,63 @@
+"""`cache-qualify bench-harness` runs on a simulated lab and prints well-formed figures (no timing thresholds)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.labfixtures import REPO, wait_no_sim_processes, write_inventory
+
+NUMBER = r"\d+(?:\.\d+)?"
+REQUESTS = ("A", "A-new-start", "B", "B-new-start", "A-third-read")
+
+
+def bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fixtures.cli", "bench-harness", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_prints_snapshot_time_and_overhead_share_per_request(tmp_path: Path) -> None:
+    inventory = write_inventory(tmp_path)
+    done = bench("--hosts", str(inventory), "--passes", "1", "--snapshots", "5")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    header = re.search(r"^bench-harness: build set4, scenario reread-1g, 3 hosts, port (\d+)$", out, re.M)
+    assert header, out
+    assert re.search(rf"^snapshot of 3 hosts: median {NUMBER} ms, p90 {NUMBER} ms over 5 \(target < 50 ms\); "
+                     rf"one unparsed GET of one host: median {NUMBER} ms; ratio {NUMBER}x$", out, re.M), out
+    for request in REQUESTS:
+        row = re.search(rf"^{re.escape(request)} +(?:{NUMBER} +){{5}}({NUMBER}) %$", out, re.M)
+        assert row, (request, out)
+    sequence = re.search(rf"^sequence: harness ({NUMBER}) ms / requests ({NUMBER}) ms = ({NUMBER}) %; of one "
+                         rf"trial \(({NUMBER}) s, start included\) = ({NUMBER}) % \(target < 2 %\)$", out, re.M)
+    assert sequence, out
+    harness, requests, share = (float(sequence.group(i)) for i in (1, 2, 3))
+    assert share == round(100 * harness / requests, 2) or abs(share - 100 * harness / requests) < 0.01
+    assert float(sequence.group(4)) * 1000 > requests  # a trial includes its requests
+    # a private port: nothing of the benchmark left behind, and not the committed inventory's port
+    port = int(header.group(1))
+    assert wait_no_sim_processes(port) == []
+
+
+def test_json_output_has_consistent_figures(tmp_path: Path) -> None:
+    inventory = write_inventory(tmp_path)
+    done = bench("--hosts", str(inventory), "--passes", "1", "--snapshots", "3", "--json", "--build", "two_choice")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["build"] == "two_choice" and result["snapshot"]["hosts"] == 3
+    assert [r["request"] for r in result["requests"]] == list(REQUESTS)
+    for r in result["requests"]:
+        parts = r["snapshots_s"] + r["deltas_s"] + r["write_s"]
+        assert r["harness_s"] == parts and r["share"] == parts / r["request_s"] and r["request_s"] > 0
+    assert result["share_of_trial"] == result["harness_s"] / result["trial_s"]
+    assert result["snapshot"]["ratio"] == result["snapshot"]["median_s"] / result["snapshot"]["get_median_s"]
+    assert wait_no_sim_processes(result["port"]) == []
+
+
+def test_missing_inventory_is_a_clear_error(tmp_path: Path) -> None:
+    done = bench("--hosts", str(tmp_path / "nowhere.yaml"))
+    assert done.returncode == 2
+    assert re.search(r"cache-qualify: error: .*nowhere\.yaml", done.stderr), done.stderr

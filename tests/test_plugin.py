@@ -1,0 +1,88 @@
+"""The pytest plugin: options, usage errors, preflight, and living beside pytest-testinfra."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.labfixtures import REPO, run_qualify, write_inventory
+
+
+def pytest_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_testinfra_is_installed_here() -> None:
+    """The coexistence tests below mean something only with testinfra loaded."""
+    help_text = pytest_cli("--help").stdout
+    assert "--ssh-identity-file" in help_text  # a testinfra option
+    assert "--inventory=HOSTS_YAML" in help_text
+
+
+@pytest.mark.parametrize("testinfra", ["loaded", "blocked"])
+def test_hosts_option_works_with_and_without_testinfra(tmp_path: Path, testinfra: str) -> None:
+    """testinfra defines its own --hosts; the plugin reuses it, or defines it when testinfra is off."""
+    inventory = write_inventory(tmp_path)
+    extra = ("-p", "no:pytest11.testinfra") if testinfra == "blocked" else ()
+    run = run_qualify(inventory, tmp_path / "reports", "--preflight-only", *extra)
+    assert run.returncode == 0, run.output
+    assert "15 passed" in run.output
+    if testinfra == "blocked":
+        assert "--ssh-identity-file" not in pytest_cli("--help", *extra).stdout
+
+
+def test_inventory_alias(tmp_path: Path) -> None:
+    inventory = write_inventory(tmp_path)
+    proc = pytest_cli("qualify", "--inventory", str(inventory), "--reports-dir", str(tmp_path / "r"),
+                      "--preflight-only", "-q")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "15 passed" in proc.stdout
+
+
+def test_malformed_inventory_is_a_usage_error_naming_file_line_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "hosts.yaml"
+    bad.write_text((REPO / "hosts.yaml").read_text().replace("rank: 2", "rank: two"))
+    proc = pytest_cli("qualify", "--hosts", str(bad), "--reports-dir", str(tmp_path / "r"))
+    assert proc.returncode == 4
+    assert f"{bad}:" in proc.stderr and "hosts[2].rank" in proc.stderr and "expected" in proc.stderr
+
+
+def test_unknown_candidate_lists_the_builds(tmp_path: Path) -> None:
+    proc = pytest_cli("qualify", "--hosts", "hosts.yaml", "--candidate", "set5", "--reports-dir", str(tmp_path))
+    assert proc.returncode == 4
+    assert "unknown build 'set5'; known builds: " in proc.stderr and "two_choice" in proc.stderr
+
+
+def test_unknown_scenario_lists_the_scenarios(tmp_path: Path) -> None:
+    proc = pytest_cli("qualify", "--hosts", "hosts.yaml", "--scenario", "reread-2g", "--reports-dir", str(tmp_path))
+    assert proc.returncode == 4
+    assert "unknown scenario 'reread-2g'; available: long-prompt, reread-1g, reread-4g" in proc.stderr
+
+
+def test_resume_of_an_unknown_run_is_a_usage_error(tmp_path: Path) -> None:
+    proc = pytest_cli("qualify", "--hosts", "hosts.yaml", "--resume", "no-such-run", "--reports-dir", str(tmp_path))
+    assert proc.returncode == 4
+    assert "--resume:" in proc.stderr and "plan.json does not exist" in proc.stderr
+
+
+def test_preflight_names_the_host_whose_drop_needs_a_password(tmp_path: Path) -> None:
+    inventory = write_inventory(tmp_path, server={
+        "drop_caches": "echo 'sudo: a password is required' >&2; exit 1"})
+    run = run_qualify(inventory, tmp_path / "reports", "--preflight-only")
+    assert run.returncode == 1
+    assert "test_drop_caches[gb10-a]" in run.output
+    assert "host gb10-a: the page-cache drop command failed with status 1: sudo: a password is required" \
+        in run.output
+    assert "NOPASSWD" in run.output
+
+
+def test_preflight_names_a_missing_build(tmp_path: Path) -> None:
+    inventory = write_inventory(tmp_path, builds={"ghost": {"path": "/nonexistent/flare-server", "flags": []}},
+                                candidate="ghost")
+    run = run_qualify(inventory, tmp_path / "reports", "--preflight-only")
+    assert run.returncode == 1
+    assert "build executable not found: build 'ghost': /nonexistent/flare-server" in run.output

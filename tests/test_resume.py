@@ -1,0 +1,92 @@
+"""A run killed mid-trial keeps what it measured, leaves no rank behind, and `--resume` completes it.
+
+The real `pytest qualify` in a subprocess on a private simulated lab, two trials per build.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from fixtures.samples import OK, SampleStore
+from tests.labfixtures import inventory_port, run_qualify, start_qualify, wait_no_sim_processes, write_inventory
+
+pytestmark = pytest.mark.slow
+
+RUN_ID = "interrupted"
+OPTIONS = ("--trials", "2", "--max-trials", "2", "--seed", "5")
+BUILDS = ("set4", "two_choice")
+
+
+def rows(path: Path) -> list[dict[str, str]]:
+    """Complete rows of a CSV being written (a torn last line is left out)."""
+    if not path.exists():
+        return []
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    return list(csv.DictReader(line for line in lines if line.endswith("\n")))
+
+
+def wait_mid_trial(proc: subprocess.Popen[str], run_dir: Path, timeout_s: float = 120.0) -> set[str]:
+    """Block until one trial is finished and the next has request samples on disk; its attempts."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the run ended before it could be interrupted:\n{proc.communicate()[0]}"
+        finished = {r["attempt"] for r in rows(run_dir / "trials.csv")}
+        running = {r["attempt"] for r in rows(run_dir / "samples.csv")
+                   if r["request"] == "A" and r["attempt"] not in finished}
+        if finished and running:
+            return running
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"no second trial started within {timeout_s} s:\n{proc.communicate()[0]}")
+
+
+def interrupt_and_resume(tmp_path: Path, stop: signal.Signals) -> None:
+    inventory = write_inventory(tmp_path)
+    port = inventory_port(inventory)
+    reports = tmp_path / "reports"
+    run_dir = reports / RUN_ID
+    proc = start_qualify(inventory, reports, "--run-id", RUN_ID, *OPTIONS)
+    cut = wait_mid_trial(proc, run_dir)
+    if stop == signal.SIGINT:
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C goes to the whole foreground group
+    else:
+        proc.kill()  # pytest alone: its ranks run in their own sessions
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0, output
+
+    assert wait_no_sim_processes(port, timeout_s=30) == [], "an emulated rank outlived the killed run"
+    before = SampleStore(run_dir).trials()
+    assert len(before) == 1 and before["outcome"].tolist() == [OK], output
+    kept = [r for r in rows(run_dir / "samples.csv") if r["attempt"] in cut]
+    assert {r["request"] for r in kept} >= {"startup", "A"}, "the cut trial's samples are not on disk"
+    assert {r["host"] for r in kept if r["request"] == "A"} == {"gb10-a", "gb10-b", "gb10-c", "all"}
+
+    resumed = run_qualify(inventory, reports, "--resume", RUN_ID, *OPTIONS)
+    assert resumed.returncode == 0, resumed.output
+    assert wait_no_sim_processes(port) == []
+    trials = SampleStore(run_dir).trials()
+    ok = trials[trials["outcome"] == OK]
+    pairs = sorted(zip(ok["build"], ok["trial"]))
+    assert pairs == sorted((b, t) for b in BUILDS for t in (0, 1)), trials.to_string()  # each once
+    # the trial finished before the kill was not repeated; the cut one was run again, anew
+    assert before["attempt"].iloc[0] in set(ok["attempt"])
+    assert not cut & set(trials["attempt"])
+    samples = SampleStore(run_dir).samples()
+    assert set(samples["attempt"]) == set(ok["attempt"])
+    assert samples.query("request == 'B-new-start' and host == 'all' and metric == 'hit_rate'").shape[0] == 4
+
+
+def test_ctrl_c_mid_trial_keeps_samples_and_resume_completes(tmp_path: Path) -> None:
+    interrupt_and_resume(tmp_path, signal.SIGINT)
+
+
+def test_sigkill_of_pytest_mid_trial_keeps_samples_and_resume_completes(tmp_path: Path) -> None:
+    interrupt_and_resume(tmp_path, signal.SIGKILL)

@@ -1,0 +1,168 @@
+"""SampleStore on a real file system: round trip, damage, permissions, concurrent writers."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from fixtures.errors import SamplesError
+from fixtures.samples import FAILED, OK, SAMPLE_COLUMNS, TRIAL_COLUMNS, SampleStore, TrialRow, new_attempt
+
+
+def trial_row(build: str, trial: int, attempt: str, outcome: str = OK) -> TrialRow:
+    return TrialRow(run="r1", scenario="reread-1g", build=build, trial=trial, block=trial, position=0,
+                    attempt=attempt, outcome=outcome, reason="" if outcome == OK else "rank 1 died, log: a,b\n\"x\"",
+                    startup_s=1.25, kv_pages=41358, started_at="2025-01-01T00:00:00.000+00:00",
+                    finished_at="2025-01-01T00:00:05.000+00:00")
+
+
+def key(build: str, trial: int, attempt: str) -> dict[str, object]:
+    return {"run": "r1", "scenario": "reread-1g", "build": build, "trial": trial, "block": trial, "attempt": attempt}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> SampleStore:
+    s = SampleStore(tmp_path / "reports" / "r1")
+    s.create()
+    return s
+
+
+def test_round_trip_keeps_values_and_only_finished_ok_trials(store: SampleStore) -> None:
+    ok, failed, cut = new_attempt(), new_attempt(), new_attempt()
+    store.add_samples(key("set4", 0, ok), "A", [("gb10-a", 0, "hits", 80300), ("all", -1, "hit_rate", 0.0941904898)])
+    store.add_samples(key("set4", 1, failed), "A", [("gb10-a", 0, "hits", 1)])
+    store.add_samples(key("set4", 2, cut), "A", [("gb10-a", 0, "hits", 2)])  # no trials.csv row: cut short
+    store.add_samples(key("set4", 0, ok), "A", [("all", -1, "refused_exported", math.nan)])
+    store.add_trial(trial_row("set4", 0, ok))
+    store.add_trial(trial_row("set4", 1, failed, FAILED))
+
+    samples = store.samples()
+    assert list(samples.columns) == list(SAMPLE_COLUMNS)
+    assert set(samples["attempt"]) == {ok}
+    values = dict(zip(samples["metric"], samples["value"]))
+    assert values["hits"] == 80300 and values["hit_rate"] == 0.0941904898  # repr round-trips floats exactly
+    assert math.isnan(values["refused_exported"])
+    assert samples["rank"].tolist() == [0, -1, -1]
+    assert set(store.samples(only_ok=False)["attempt"]) == {ok, failed}
+
+    trials = store.trials()
+    assert list(trials.columns) == list(TRIAL_COLUMNS)
+    assert trials["reason"].tolist()[1] == "rank 1 died, log: a,b\n\"x\""  # quoted: commas, newlines, quotes
+    assert trials["kv_pages"].tolist() == [41358, 41358] and trials["startup_s"].tolist() == [1.25, 1.25]
+    assert store.completed("reread-1g") == {("set4", 0), ("set4", 1)}
+    assert store.completed("reread-4g") == set()
+
+
+def test_create_twice_writes_one_header(store: SampleStore) -> None:
+    store.create()
+    assert store.samples_path.read_text(encoding="utf-8") == ",".join(SAMPLE_COLUMNS) + "\n"
+    assert store.trials_path.read_text(encoding="utf-8") == ",".join(TRIAL_COLUMNS) + "\n"
+
+
+def test_torn_last_line_is_dropped(store: SampleStore) -> None:
+    attempt = new_attempt()
+    store.add_samples(key("set4", 0, attempt), "A", [("gb10-a", 0, "hits", 5), ("gb10-b", 1, "hits", 6)])
+    store.add_trial(trial_row("set4", 0, attempt))
+    with store.samples_path.open("a", encoding="utf-8") as f:
+        f.write("r1,reread-1g,set4,0,0,")  # a crash in the middle of a write
+    with store.trials_path.open("a", encoding="utf-8") as f:
+        f.write("r1,reread-1g,two_choice,0")
+    assert store.samples()["value"].tolist() == [5, 6]
+    assert store.trials()["build"].tolist() == ["set4"]
+
+
+def test_empty_file_is_an_error(store: SampleStore) -> None:
+    store.samples_path.write_text("", encoding="utf-8")
+    with pytest.raises(SamplesError, match=r"samples\.csv is empty: the run recorded nothing \(not even the header\)"):
+        store.samples()
+
+
+def test_missing_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(SamplesError, match=r"trials\.csv does not exist; is this a run folder written by "
+                                           r"cache-qualify\?"):
+        SampleStore(tmp_path).trials()
+
+
+def test_wrong_header_names_expected_and_found(store: SampleStore) -> None:
+    store.trials_path.write_text("run,build,outcome\nr1,set4,ok\n", encoding="utf-8")
+    with pytest.raises(SamplesError, match=r"trials\.csv: expected the header run,scenario,build,trial,.*"
+                                           r"finished_at, found run,build,outcome"):
+        store.trials()
+
+
+def test_damaged_middle_line_names_the_line(store: SampleStore) -> None:
+    attempt = new_attempt()
+    for request in ("A", "B"):
+        store.add_samples(key("set4", 0, attempt), request, [("gb10-a", 0, "hits", 1)])
+    lines = store.samples_path.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[1] = "r1,reread-1g,set4\n"  # the first data row lost fields
+    store.samples_path.write_text("".join(lines), encoding="utf-8")
+    with pytest.raises(SamplesError, match=r"samples\.csv: line 2 has the wrong number of fields \(expected 11\); "
+                                           r"the file is damaged"):
+        store.samples(only_ok=False)
+
+
+def test_unwritable_run_folder_names_the_folder(tmp_path: Path) -> None:
+    # a regular file where the reports folder should be: unwritable even for root
+    (tmp_path / "reports").write_text("not a folder", encoding="utf-8")
+    run_dir = tmp_path / "reports" / "r1"
+    with pytest.raises(SamplesError, match=rf"cannot write the run folder {run_dir}: .+; choose a writable "
+                                           rf"--reports-dir"):
+        SampleStore(run_dir).create()
+
+
+def _writer(run_dir: str, worker: int, rows: int) -> None:
+    store = SampleStore(Path(run_dir))
+    attempt = f"w{worker}"
+    for i in range(rows):
+        # long rows: a write larger than a pipe buffer would expose any interleaving
+        store.add_samples(key(f"build-{worker}", i, attempt), f"request-{i}",
+                          [(f"host-{worker}-{'x' * 200}", worker, f"metric-{j}", i * 1000 + j) for j in range(30)])
+        store.add_trial(trial_row(f"build-{worker}", i, attempt))
+
+
+def test_concurrent_appends_from_processes_do_not_interleave(store: SampleStore) -> None:
+    workers, rows = 4, 40
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(store.run_dir), w, rows)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    samples = store.samples(only_ok=False)  # every line parses: no torn or merged rows
+    assert len(samples) == workers * rows * 30
+    for w in range(workers):
+        mine = samples[samples["build"] == f"build-{w}"]
+        assert (mine["host"] == f"host-{w}-{'x' * 200}").all() and (mine["rank"] == w).all()
+        assert mine["value"].tolist() == [i * 1000 + j for i in range(rows) for j in range(30)]
+    # each request's rows are contiguous in the file (one append per request)
+    runs = (samples["build"] + samples["request"]).ne((samples["build"] + samples["request"]).shift()).sum()
+    assert runs == workers * rows
+    assert len(store.trials()) == workers * rows
+
+
+def test_torn_header_is_an_error(store: SampleStore) -> None:
+    store.trials_path.write_text("run,scenario,bui", encoding="utf-8")
+    with pytest.raises(SamplesError, match=r"trials\.csv has no complete header line"):
+        store.trials()
+
+
+def test_non_numeric_trial_names_the_line_and_column(store: SampleStore) -> None:
+    store.add_trial(trial_row("set4", 0, new_attempt()))
+    text = store.trials_path.read_text(encoding="utf-8").replace(",set4,0,0,", ",set4,zero,0,")
+    store.trials_path.write_text(text, encoding="utf-8")
+    with pytest.raises(SamplesError, match=r"trials\.csv: line 2 has trial 'zero', expected a whole number"):
+        store.trials()
+
+
+def test_append_to_a_vanished_folder_names_the_file(store: SampleStore) -> None:
+    for path in (store.samples_path, store.trials_path):
+        path.unlink()
+    store.run_dir.rmdir()
+    with pytest.raises(SamplesError, match=rf"cannot append to {store.samples_path}: .+; the samples measured "
+                                           rf"from here on would be lost"):
+        store.add_samples(key("set4", 0, "a"), "A", [("gb10-a", 0, "hits", 1)])

@@ -1,0 +1,107 @@
+"""Scale-out: two scenarios on two host groups with `-n 2`, into one report.
+
+The emulated servers really sleep their modelled time (scaled down), so the
+runner waits on servers as it would in a lab and two workers can overlap.
+The speed-up itself is a benchmark, not a test: `python -m tests.test_xdist`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.labfixtures import REPO, inventory_port, run_qualify, wait_no_sim_processes, write_inventory
+
+pytestmark = pytest.mark.slow
+
+# modelled server time really slept at this scale (loading weights: 120 s -> 6 s)
+SLEEP = ["--sim-sleep-scale", "0.05"]
+
+
+def two_groups(tmp_path: Path) -> Path:
+    hosts = [{"name": f"gb10-{c}", "address": f"127.0.0.{11 + i}", "rank": i % 3, "transport": "local"}
+             for i, c in enumerate("abcdef")]
+    groups = [{"name": "tp-1", "hosts": ["gb10-a", "gb10-b", "gb10-c"]},
+              {"name": "tp-2", "hosts": ["gb10-d", "gb10-e", "gb10-f"]}]
+    inventory = yaml.safe_load((REPO / "hosts.yaml").read_text())
+    builds = {name: {**inventory["builds"][name], "path": str(REPO / inventory["builds"][name]["path"]),
+                     "flags": inventory["builds"][name]["flags"] + SLEEP} for name in ("set4", "two_choice")}
+    return write_inventory(tmp_path, hosts=hosts, groups=groups, builds=builds)
+
+
+def small_scenario(tmp_path: Path, name: str, cache: str) -> Path:
+    """The report's A and A-new-start only: the time is the servers', not the runner's CPU."""
+    text = (REPO / "qualify" / "scenarios" / "reread-1g.yaml").read_text()
+    data = yaml.safe_load(text)
+    data.update(name=name, server_flags=["--embedding-table-cache-size", cache, "--prefix-cache-memory", "0"],
+                requests=[{"name": "A", "start": 1000, "stop": 5000},
+                          {"name": "A-new-start", "start": 1000, "stop": 5000, "new_start": 1}],
+                trials=2, max_trials=2,
+                expectations=[{"metric": "hit_rate", "request": "A-new-start", "kind": "no_regression",
+                               "margin": 0.05},
+                              {"metric": "kv_pages", "request": "*", "kind": "no_regression", "margin": 0.02}])
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def scenario_args(tmp_path: Path) -> list[str]:
+    paths = [small_scenario(tmp_path, "small-1g", "1G"), small_scenario(tmp_path, "small-2g", "2G")]
+    return [arg for path in paths for arg in ("--scenario", str(path))]
+
+
+def intervals(run_dir: Path) -> dict[str, tuple[datetime, datetime]]:
+    """Per scenario, from its first trial's start to its last trial's end."""
+    with (run_dir / "trials.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    spans: dict[str, tuple[datetime, datetime]] = {}
+    for row in rows:
+        start, end = datetime.fromisoformat(row["started_at"]), datetime.fromisoformat(row["finished_at"])
+        old = spans.get(row["scenario"], (start, end))
+        spans[row["scenario"]] = (min(old[0], start), max(old[1], end))
+    return spans
+
+
+def test_two_workers_run_two_scenarios_on_two_groups_into_one_report(tmp_path: Path) -> None:
+    inventory = two_groups(tmp_path)
+    run = run_qualify(inventory, tmp_path / "reports", *scenario_args(tmp_path), "-n", "2")
+    assert run.returncode == 0, run.output
+    assert wait_no_sim_processes(inventory_port(inventory)) == []
+    run_dir = run.run_dir()
+    verdicts = json.loads((run_dir / "verdicts.json").read_text())
+    assert sorted(verdicts["scenarios"]) == ["small-1g", "small-2g"]
+    # each worker claimed its own host group, and the two scenarios ran at the same time
+    assert {p.name for p in run_dir.glob("facts-*.json")} == {"facts-tp-1.json", "facts-tp-2.json"}
+    (a_start, a_end), (b_start, b_end) = intervals(run_dir).values()
+    assert a_start < b_end and b_start < a_end, "the two scenarios did not overlap: one worker waited"
+    summary = (run_dir / "summary.md").read_text()
+    assert "small-1g" in summary and "small-2g" in summary
+
+
+def main() -> None:
+    """Benchmark: wall time of `-n 2` against one worker on the same two scenarios."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        inventory = two_groups(root)
+        args = scenario_args(root)
+        times = {}
+        for label, extra in (("one worker", ["-p", "no:xdist"]), ("two workers (-n 2)", ["-n", "2"])):
+            started = time.monotonic()
+            run = run_qualify(inventory, root / label.split()[0], *args, *extra)
+            times[label] = time.monotonic() - started
+            if run.returncode != 0:
+                raise SystemExit(f"{label}: the qualification failed:\n{run.output}")
+            print(f"{label:>20}: {times[label]:6.1f} s")
+        ratio = times["two workers (-n 2)"] / times["one worker"]
+        print(f"{'ratio':>20}: {ratio:6.2f}  (target <= 0.60)")
+
+
+if __name__ == "__main__":
+    main()
