@@ -43,7 +43,8 @@ def test_builds_present(qualify_state: QualifyState, lab_host: Host, transport: 
 
 
 def test_port_free(qualify_state: QualifyState, lab_host: Host, transport: Transport) -> None:
-    preflight.check_port_free(qualify_state.inventory, lab_host, transport)
+    preflight.check_port_free(qualify_state.inventory, lab_host, transport,
+                              kill_stale=bool(qualify_state.config.getoption("cq_kill_stale")))
 
 
 def test_clock(transport: Transport) -> None:

@@ -69,7 +69,8 @@ def interrupt_and_resume(tmp_path: Path, stop: signal.Signals) -> None:
     assert {r["request"] for r in kept} >= {"startup", "A"}, "the cut trial's samples are not on disk"
     assert {r["host"] for r in kept if r["request"] == "A"} == {"gb10-a", "gb10-b", "gb10-c", "all"}
 
-    resumed = run_qualify(inventory, reports, "--resume", RUN_ID, *OPTIONS)
+    # a bare --resume: the run's own options (trials, builds, scenario) come back from plan.json
+    resumed = run_qualify(inventory, reports, "--resume", RUN_ID)
     assert resumed.returncode == 0, resumed.output
     assert wait_no_sim_processes(port) == []
     trials = SampleStore(run_dir).trials()
@@ -90,3 +91,13 @@ def test_ctrl_c_mid_trial_keeps_samples_and_resume_completes(tmp_path: Path) -> 
 
 def test_sigkill_of_pytest_mid_trial_keeps_samples_and_resume_completes(tmp_path: Path) -> None:
     interrupt_and_resume(tmp_path, signal.SIGKILL)
+
+
+def test_resume_refuses_options_that_change_what_the_run_measures(tmp_path: Path) -> None:
+    inventory = write_inventory(tmp_path)
+    reports = tmp_path / "reports"
+    first = run_qualify(inventory, reports, "--run-id", RUN_ID, "--preflight-only", *OPTIONS)
+    assert first.returncode == 0, first.output
+    again = run_qualify(inventory, reports, "--resume", RUN_ID, "--trials", "3")
+    assert again.returncode == 4
+    assert "--resume: the run was made with --trials 2, not 3; leave --trials out" in again.output

@@ -189,8 +189,6 @@ def test_missing_metric_names_the_metric_and_the_host(sim: SimLab) -> None:
     assert wait_no_sim_processes(sim.port) == []
 
 
-@pytest.mark.xfail(strict=True, reason="ServerGroup.kv_pages parses the body of a non-200 /metrics answer "
-                                       "instead of reporting the HTTP status")
 def test_metrics_answering_500_fail_the_trial_naming_the_host(sim: SimLab) -> None:
     result = sim.trial("metrics-500", 22)
     assert result.row.outcome == FAILED

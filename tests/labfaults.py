@@ -1,0 +1,142 @@
+"""What every fault test checks after a real `pytest qualify` run: the outcome, the aftermath on the hosts.
+
+Shared by tests/test_faults.py and tests/test_concurrent.py: a small scenario (short requests,
+two trials per build), the failing tests and their messages read back from JUnit, and the
+aftermath every fault must leave: no emulated-server rank running, every host's lock free,
+and the samples of every request finished before the fault on disk.
+"""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.labfixtures import QualifyRun, inventory_port, run_qualify, sim_processes
+
+SCENARIO = "faults"
+REQUESTS = ("A", "A-new-start", "B", "C")
+STARTUP = "startup"
+ALL = "all"
+
+
+def scenario_file(tmp_path: Path, *, timeout_s: float = 30.0, repeat_c: int = 1) -> Path:
+    """A four-request scenario of 400-token prompts, two trials per build (a few seconds per trial)."""
+    path = tmp_path / f"{SCENARIO}.yaml"
+    path.write_text(f"""\
+name: {SCENARIO}
+description: four short requests, two trials per build, for the fault tests
+corpus: {{default: true, id_range: [3, 127999]}}
+server_flags: [--embedding-table-cache-size, 64M, --prefix-cache-memory, "0"]
+requests:
+  - {{name: A, start: 1000, stop: 1400}}
+  - {{name: A-new-start, start: 1000, stop: 1400, new_start: 1}}
+  - {{name: B, start: 5000, stop: 5400}}
+  - {{name: C, start: 9000, stop: 9400, repeat: {repeat_c}}}
+request: {{max_tokens: 1, logprobs: 20, stream: false, timeout_s: {timeout_s}}}
+trials: 2
+block_size: 1
+max_trials: 2
+test: welch
+alpha: 0.2
+expectations:
+  - {{metric: hit_rate, request: A-new-start, kind: no_regression, margin: 0.5}}
+  - {{metric: kv_pages, request: "*", kind: no_regression, margin: 0.5}}
+""", encoding="utf-8")
+    return path
+
+
+@dataclass(frozen=True)
+class SimRun:
+    """Where one test's simulated lab lives: its inventory, scenario, reports and host folders."""
+
+    inventory: Path
+    scenario: Path
+    reports: Path
+    on_hosts: Path
+    hosts: tuple[str, ...] = ("gb10-a", "gb10-b", "gb10-c")
+
+    @property
+    def port(self) -> int:
+        return inventory_port(self.inventory)
+
+    def args(self, run_id: str, *extra: str) -> tuple[str, ...]:
+        return ("--scenario", str(self.scenario), "--run-id", run_id, *extra)
+
+    def qualify(self, *extra: str, run_id: str = "fault", timeout_s: float = 240.0) -> QualifyRun:
+        return run_qualify(self.inventory, self.reports, *self.args(run_id, *extra), timeout_s=timeout_s)
+
+
+def failures(run: QualifyRun) -> dict[str, str]:
+    """Name -> message of every test that failed or errored, from the run's JUnit XML."""
+    found = {}
+    for name, case in run.testcases().items():
+        for tag in ("failure", "error"):
+            element = case.find(tag)
+            if element is not None:
+                found[name] = (element.get("message", "") + "\n" + (element.text or "")).strip()
+    return found
+
+
+def failed(run: QualifyRun, test: str) -> str:
+    """The message of the failed test whose name starts with `test` (asserting it failed)."""
+    messages = [m for n, m in failures(run).items() if n.startswith(test)]
+    assert messages, f"{test} did not fail:\n{run.output[-6000:]}"
+    return messages[0]
+
+
+def rows(path: Path) -> list[dict[str, str]]:
+    """Complete rows of a CSV file (a torn last line is left out; none when the file is absent)."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    return list(csv.DictReader(line for line in lines if line.endswith("\n")))
+
+
+def requests_on_disk(run_dir: Path) -> dict[str, list[str]]:
+    """Attempt -> its request names in samples.csv, in the order first written."""
+    found: dict[str, list[str]] = {}
+    for row in rows(run_dir / "samples.csv"):
+        names = found.setdefault(row["attempt"], [])
+        if row["request"] not in names:
+            names.append(row["request"])
+    return found
+
+
+def check_samples(run_dir: Path, hosts: tuple[str, ...], *, faulty_done: tuple[str, ...] | None) -> None:
+    """Every finished trial has all its samples; the faulty trial those of the requests done before the fault.
+
+    `faulty_done` None: the requests the faulty trial finished are not known in advance (a drop at
+    a random point), so they must only be a complete prefix of the sequence.
+    """
+    trials = rows(run_dir / "trials.csv")
+    on_disk = requests_on_disk(run_dir)
+    sequence = [STARTUP, *REQUESTS]
+    per_host = {(r["attempt"], r["request"], r["host"]) for r in rows(run_dir / "samples.csv")}
+    for trial in trials:
+        done = on_disk.get(trial["attempt"], [])
+        if trial["outcome"] == "ok":
+            assert done == sequence, f"trial {trial} lacks samples: {done}"
+        elif faulty_done is not None:
+            assert done == list(faulty_done), f"faulty trial {trial['attempt']}: on disk {done}"
+        else:
+            assert done == sequence[:len(done)] and STARTUP in done, done
+        for request in done:
+            if request != STARTUP:  # every host's delta and the combined row of each finished request
+                assert {h for a, r, h in per_host if a == trial["attempt"] and r == request} == {*hosts, ALL}
+
+
+def check_aftermath(lab: SimRun, *, left: tuple[int, ...] = ()) -> None:
+    """No rank of this lab runs (but the `left` pids, not this suite's to stop) and every host lock is free."""
+    deadline = time.monotonic() + 20
+    while (running := [p for p in sim_processes(lab.port) if p[0] not in left]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert running == [], f"emulated-server ranks left running: {running}"
+    for host in lab.hosts:
+        lock = lab.on_hosts / host / "lock"
+        if not lock.exists():
+            continue  # the host was never locked
+        probe = subprocess.run(["flock", "-n", str(lock), "true"], capture_output=True, text=True)
+        assert probe.returncode == 0, f"the lock of {host} ({lock}) is still held"

@@ -1,0 +1,302 @@
+"""The fault matrix: each fault, injected into the real `pytest qualify` on a private simulated lab, ends
+in a verdict that names its cause (host and rank), leaves no rank running and no lock held, and keeps
+every sample measured before it. Table of the rows: docs/faults.md.
+
+Local rows run the lab through the local transport; the SSH rows log in to real sshd instances on
+127.0.0.x. Ctrl-C mid-trial and SIGKILL-then-rerun are in tests/test_resume.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tests.labfaults import (REQUESTS, STARTUP, SimRun, check_aftermath, check_samples, failed, failures,
+                             requests_on_disk, rows, scenario_file)
+from tests.labfixtures import REPO, QualifyRun, start_qualify, write_inventory
+
+if TYPE_CHECKING:
+    from tests.sshd import SshdInstance, SshdLab
+
+pytestmark = pytest.mark.slow
+
+VERDICT_TESTS = ("test_kv_pages", "test_row_cache")
+
+
+def fault_build(fault: str, rank: int) -> dict[str, Any]:
+    """An emulated build (set4) with one `--sim-fault` on one rank."""
+    return {"path": str(REPO / "fixtures/sim/server.py"),
+            "flags": ["--sim-policy", "set4", "--sim-fault", fault, "--sim-fault-rank", str(rank),
+                      "--host-system-share", "40"]}
+
+
+# the committed fault builds fail on their first start; these two only from their 4th /metrics scrape
+# on (1: KV pages after startup, 2-3: around request A, 4: before A-new-start), so A is measured first
+EXTRA_BUILDS = {"metrics-500-late": fault_build("metrics-500:4", 2),
+                "metrics-garbage-late": fault_build("metrics-garbage:4", 2)}
+
+
+def local_lab(tmp_path: Path, *, timeout_s: float = 30.0, **inventory: Any) -> SimRun:
+    path = write_inventory(tmp_path, builds=EXTRA_BUILDS, **inventory)
+    return SimRun(inventory=path, scenario=scenario_file(tmp_path, timeout_s=timeout_s),
+                  reports=tmp_path / "reports", on_hosts=tmp_path / "on-hosts")
+
+
+def check_no_verdict(run: QualifyRun, *names: str) -> None:
+    """Every verdict test failed saying the run stopped early, and why (the cause's `names`)."""
+    for test in VERDICT_TESTS:
+        message = failed(run, test)
+        assert "no verdict" in message and "stopped early" in message, message
+        for name in names:
+            assert name in message, f"{name!r} not in {message}"
+
+
+# --- faults of a build (local transport) --------------------------------------------------------
+
+@dataclass(frozen=True)
+class BuildFault:
+    """A fault a candidate build carries, and what the run must say and keep."""
+
+    build: str
+    seed: int                     # 1: the baseline's first trial comes before the faulty one; 3: after
+    failing: str                  # the test that reports the faulty trial
+    names: tuple[str, ...]        # what its message must name
+    outcome: str                  # the faulty trial's outcome in trials.csv
+    done: tuple[str, ...]         # its requests whose samples are on disk
+    timeout_s: float = 30.0       # the scenario's request timeout
+
+
+BUILD_FAULTS = {
+    "rank exits at startup": BuildFault(
+        "rank1-exits", 3, "test_all_ranks_started",
+        ("host gb10-b rank 1", "rank 1 of build 'rank1-exits' exited during startup", "exit status 1",
+         "simulated startup failure"), "start_failed", (STARTUP,)),
+    "rank crashes mid-sequence": BuildFault(
+        "crash-request3", 1, "test_trials_completed",
+        ("host gb10-b rank 1", "exited during the request sequence", "exit status 1",
+         "simulated crash on request 3"), "failed", (STARTUP, "A", "A-new-start")),
+    "rank 0 hangs": BuildFault(
+        "hang", 3, "test_trials_completed",
+        ("host gb10-a rank 0", "request 'A-new-start'", "within 2 s"), "failed", (STARTUP, "A"), timeout_s=2.0),
+    "metrics answer 500": BuildFault(
+        "metrics-500-late", 3, "test_trials_completed",
+        ("host gb10-c rank 2", "/metrics answered HTTP 500"), "failed", (STARTUP, "A")),
+    "metrics answer garbage": BuildFault(
+        "metrics-garbage-late", 3, "test_trials_completed",
+        ("host gb10-c rank 2", "/metrics is not valid Prometheus text"), "failed", (STARTUP, "A")),
+}
+
+
+@pytest.mark.parametrize("fault", BUILD_FAULTS.values(), ids=BUILD_FAULTS.keys())
+def test_build_fault(tmp_path: Path, fault: BuildFault) -> None:
+    lab = local_lab(tmp_path, timeout_s=fault.timeout_s)
+    run = lab.qualify("--candidate", fault.build, "--seed", str(fault.seed))
+    assert run.returncode == 1, run.output
+    message = failed(run, fault.failing)
+    for name in fault.names:
+        assert name in message, f"{name!r} not in {message}"
+    check_no_verdict(run, *fault.names[:1])
+    trials = rows(run.run_dir() / "trials.csv")
+    assert [t["outcome"] for t in trials] == (["ok"] if fault.seed == 1 else []) + [fault.outcome], trials
+    check_samples(run.run_dir(), lab.hosts, faulty_done=fault.done)
+    check_aftermath(lab)
+
+
+# --- faults of the lab (local transport) ---------------------------------------------------------
+
+def test_sudo_asks_for_a_password(tmp_path: Path) -> None:
+    """A drop through `sudo` without a NOPASSWD line: preflight and the first trial say how to fix it."""
+    lab = local_lab(tmp_path, server={"drop_caches": "echo 'sudo: a password is required' >&2; exit 1"})
+    run = lab.qualify("--seed", "3")
+    assert run.returncode == 1, run.output
+    for host in lab.hosts:
+        message = failed(run, f"test_drop_caches[{host}]")
+        assert f"host {host}" in message and "sudo: a password is required" in message, message
+        assert "NOPASSWD" in message
+    message = failed(run, "test_trials_completed")
+    assert "host gb10-a" in message and "sudo: a password is required" in message and "NOPASSWD" in message
+    check_no_verdict(run, "sudo: a password is required")
+    assert [t["outcome"] for t in rows(run.run_dir() / "trials.csv")] == ["failed"]
+    assert requests_on_disk(run.run_dir()) == {}  # nothing was measured
+    check_aftermath(lab)
+
+
+@pytest.fixture
+def stale_lab(tmp_path: Path) -> Iterator[tuple[SimRun, int]]:
+    """A lab whose gb10-a still runs rank 0 of an earlier run, recorded in its host folder."""
+    lab = local_lab(tmp_path)
+    directory = lab.on_hosts / "gb10-a"
+    directory.mkdir(parents=True)
+    address = "127.0.0.11"
+    stale = subprocess.Popen(
+        [sys.executable, "-m", "fixtures.sim.server", "--rank", "0", "--tensor-parallel-size", "1",
+         "--rank0-address", f"{address}:{lab.port}", "--host", address, "--port", str(lab.port),
+         "--embedding-table-cache-size", "64M"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    (directory / "earlier-run-rank0.pgid").write_text(f"{stale.pid}\n")
+    try:
+        wait_listening(address, lab.port, stale)
+        yield lab, stale.pid
+    finally:
+        if stale.poll() is None:
+            os.killpg(stale.pid, signal.SIGKILL)
+        stale.wait()
+
+
+def wait_listening(address: str, port: int, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    from fixtures.lab import port_in_use
+
+    deadline = time.monotonic() + timeout_s
+    while not port_in_use(address, port):
+        assert proc.poll() is None and time.monotonic() < deadline, "the stale server did not start"
+        time.sleep(0.1)
+
+
+def test_stale_server_holds_the_port(stale_lab: tuple[SimRun, int]) -> None:
+    lab, stale = stale_lab
+    run = lab.qualify("--seed", "3")
+    assert run.returncode == 1, run.output
+    preflight = failed(run, "test_port_free[gb10-a]")
+    assert "host gb10-a rank 0" in preflight and f"process group {stale}" in preflight, preflight
+    assert "--kill-stale" in preflight
+    started = failed(run, "test_all_ranks_started")
+    assert "host gb10-a rank 0" in started and "earlier run is still running" in started, started
+    assert f"process group {stale}" in started and "--kill-stale" in started
+    assert [t["outcome"] for t in rows(run.run_dir() / "trials.csv")] == ["start_failed"]
+    check_aftermath(lab, left=(stale,))  # the stale rank is not this run's to stop without --kill-stale
+    assert os.path.exists(f"/proc/{stale}")
+
+
+def test_stale_server_is_stopped_with_kill_stale(stale_lab: tuple[SimRun, int]) -> None:
+    lab, stale = stale_lab
+    run = lab.qualify("--seed", "3", "--kill-stale")
+    assert run.returncode == 0, run.output
+    assert failures(run) == {}
+    assert [t["outcome"] for t in rows(run.run_dir() / "trials.csv")] == ["ok"] * 4
+    check_samples(run.run_dir(), lab.hosts, faulty_done=None)
+    check_aftermath(lab)  # the stale rank too
+
+
+def test_reports_folder_not_writable(tmp_path: Path) -> None:
+    """A --reports-dir under a regular file cannot be created, even by root: a usage error before any lab time."""
+    lab = local_lab(tmp_path)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    reports = blocker / "reports"
+    run = SimRun(lab.inventory, lab.scenario, reports, lab.on_hosts).qualify("--seed", "3")
+    assert run.returncode == 4, run.output  # pytest's usage error
+    assert f"cannot write the run folder {reports}/fault: Not a directory" in run.output, run.output
+    assert "choose a writable --reports-dir" in run.output
+    assert not (lab.on_hosts / "gb10-a" / "lock").exists()  # no host was locked, no rank started
+    check_aftermath(lab)
+
+
+# --- faults of SSH hosts ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SshLab:
+    lab: SimRun
+    sshd: dict[str, SshdInstance]
+
+
+def ssh_lab(tmp_path: Path, sshd_lab: SshdLab, *, known: tuple[str, ...] = ("gb10-a", "gb10-b", "gb10-c"),
+            repeat_c: int = 1) -> SshLab:
+    """Three hosts behind their own sshd; `known` are the hosts whose key is in known_hosts."""
+    names = ("gb10-a", "gb10-b", "gb10-c")
+    instances = {name: sshd_lab.start(name) for name in names}
+    known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts", *(instances[n] for n in known))
+    hosts = [{"name": n, "address": i.address, "port": i.port, "rank": r, "transport": "ssh"}
+             for r, (n, i) in enumerate(instances.items())]
+    ssh = {"user": sshd_lab.user, "identity_file": str(sshd_lab.client_key), "use_agent": False,
+           "known_hosts": [str(known_hosts)], "connect_timeout_s": 5, "command_timeout_s": 30}
+    path = write_inventory(tmp_path, hosts=hosts, ssh=ssh)
+    lab = SimRun(inventory=path, scenario=scenario_file(tmp_path, repeat_c=repeat_c), reports=tmp_path / "reports",
+                 on_hosts=tmp_path / "on-hosts")
+    return SshLab(lab, instances)
+
+
+def wait_requests(proc: subprocess.Popen[str], run_dir: Path, request: str, timeout_s: float = 120.0) -> None:
+    """Block until a trial's `request` has its samples on disk (the sequence is running)."""
+    deadline = time.monotonic() + timeout_s
+    while not any(request in done for done in requests_on_disk(run_dir).values()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"no request {request} was measured:\n{proc.communicate()[0]}")
+        time.sleep(0.02)
+
+
+def drop_connection(instance: SshdInstance) -> None:
+    """Cut the runner's connection to the host (its sshd keeps listening: the host stays reachable)."""
+    for pid in instance.session_pids():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.sshd
+@pytest.mark.parametrize("host_after", ["reachable", "down"])
+def test_ssh_connection_of_a_host_drops_mid_trial(tmp_path: Path, sshd_lab: SshdLab, host_after: str) -> None:
+    """The dropped connection ends the lock holder on gb10-b, which stops rank 1 (it cannot tell a drop from a
+    dead runner): the trial fails naming the host and how to continue, whether the host comes back or not."""
+    setup = ssh_lab(tmp_path, sshd_lab, repeat_c=40)
+    lab = setup.lab
+    proc = start_qualify(lab.inventory, lab.reports, *lab.args("fault", "--seed", "3"))
+    run_dir = lab.reports / "fault"
+    wait_requests(proc, run_dir, "A")
+    if host_after == "down":
+        setup.sshd["gb10-b"].stop()
+    else:
+        drop_connection(setup.sshd["gb10-b"])
+    output, _ = proc.communicate(timeout=180)
+    run = QualifyRun(proc.returncode, output, lab.reports)
+    assert run.returncode == 1, output
+    message = failed(run, "test_trials_completed")
+    assert "host gb10-b rank 1" in message and "connection to the host dropped" in message, message
+    assert "--resume fault" in message
+    check_no_verdict(run, "host gb10-b rank 1")
+    assert [t["outcome"] for t in rows(run_dir / "trials.csv")] == ["failed"]
+    check_samples(run_dir, lab.hosts, faulty_done=None)
+    assert "A" in requests_on_disk(run_dir)[rows(run_dir / "trials.csv")[0]["attempt"]]
+    check_aftermath(lab)
+
+
+@pytest.mark.sshd
+def test_host_unreachable_at_preflight(tmp_path: Path, sshd_lab: SshdLab) -> None:
+    setup = ssh_lab(tmp_path, sshd_lab)
+    setup.sshd["gb10-c"].stop()
+    run = setup.lab.qualify("--seed", "3")
+    assert run.returncode == 1, run.output
+    preflight = failed(run, "test_reachable[gb10-c]")
+    address = f"{setup.sshd['gb10-c'].address}:{setup.sshd['gb10-c'].port}"
+    assert "host gb10-c" in preflight and f"cannot connect to {sshd_lab.user}@{address}" in preflight, preflight
+    for test in ("test_all_ranks_started", "test_trials_completed", *VERDICT_TESTS):
+        message = failed(run, test)
+        assert "could not run: HostUnreachable: host gb10-c" in message, message
+    assert rows(run.run_dir() / "trials.csv") == []
+    check_aftermath(setup.lab)
+
+
+@pytest.mark.sshd
+def test_unknown_host_key(tmp_path: Path, sshd_lab: SshdLab) -> None:
+    setup = ssh_lab(tmp_path, sshd_lab, known=("gb10-a", "gb10-b"))
+    run = setup.lab.qualify("--seed", "3")
+    assert run.returncode == 1, run.output
+    preflight = failed(run, "test_reachable[gb10-c]")
+    assert "host gb10-c" in preflight and "HostKeyRejected" in preflight or "host key" in preflight, preflight
+    assert failures(run).keys() >= {f"test_{t}[gb10-c]" for t in ("reachable", "drop_caches", "clock")}
+    assert not any("gb10-a]" in n or "gb10-b]" in n for n in failures(run))
+    message = failed(run, "test_all_ranks_started")
+    assert "could not run: HostKeyRejected: host gb10-c" in message, message
+    assert rows(run.run_dir() / "trials.csv") == []
+    check_aftermath(setup.lab)
+
