@@ -146,7 +146,7 @@ def test_exposed_readiness_wait_is_rank0s_and_the_sum_is_kept(sim: SimLab, pair:
 
 
 def test_progress_names_each_phase_and_request(sim: SimLab, pair: dict[str, TrialResult]) -> None:
-    set4 = [p for p in sim.phases if "trial 1 set4" in p]
+    set4 = [p for p in sim.phases if "trial 1, build set4:" in p]
     assert set4[0].endswith("dropping page caches") and set4[-1].endswith("stopping ranks")
     assert [p.rsplit(": ", 1)[1] for p in set4 if "request" in p] == [f"request {r}" for r in REQUESTS]
 
