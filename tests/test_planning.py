@@ -81,7 +81,24 @@ def test_plan_explains_unusable_pilots(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_plan_refuses_missing_inputs_and_unknown_builds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--effect", "0.1"]) == 2
-    assert "give a pilot run (`--samples PATH`) or a predicted `--effect` and `--sd`" in capsys.readouterr().err
+    assert ("give a pilot run (`--samples PATH`), `--emulate` with two policies, or a predicted `--effect` "
+            "and `--sd`") in capsys.readouterr().err
     _write_pilot(tmp_path / "samples.csv", builds={"set4": 0.86, "lru4": 0.85}, sd=0.001, trials=4)
     assert main(["plan", "--samples", str(tmp_path), "--candidate", "set8"]) == 2
     assert "--candidate 'set8' is not a build of the pilot; it has set4, lru4" in capsys.readouterr().err
+
+
+def test_plan_from_the_emulators_prediction(capsys: pytest.CaptureFixture[str]) -> None:
+    """Effect and start-to-start noise from the emulator: the report's large re-read gain needs the minimum."""
+    assert main(["plan", "--emulate", "--baseline", "set4", "--candidate", "two_choice", "--seeds", "3",
+                 "--alpha", "0.01", "--family-size", "4", "--json"]) == 0
+    sizings = {s["request"]: s for s in json.loads(capsys.readouterr().out)}
+    reread = sizings["B-new-start"]
+    assert 0.80 < reread["baseline_mean"] < 0.93 and reread["candidate_mean"] > 0.97
+    assert 0 < reread["sd"] < 0.01
+    assert reread["trials_per_build"] <= 3
+
+
+def test_plan_emulate_needs_two_policies(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--emulate", "--baseline", "set4", "--candidate", "set4"]) == 2
+    assert "`--emulate` needs two different policies" in capsys.readouterr().err
