@@ -122,11 +122,14 @@ def test_sudo_asks_for_a_password(tmp_path: Path) -> None:
         message = failed(run, f"test_drop_caches[{host}]")
         assert f"host {host}" in message and "sudo: a password is required" in message, message
         assert "NOPASSWD" in message
-    message = failed(run, "test_trials_completed"); print("MSG", message)
-    assert "host gb10-a" in message and "sudo: a password is required" in message and "NOPASSWD" in message
-    check_no_verdict(run, "sudo: a password is required")
-    assert [t["outcome"] for t in rows(run.run_dir() / "trials.csv")] == ["failed"]
-    assert requests_on_disk(run.run_dir()) == {}  # nothing was measured
+    # preflight fails fast: the qualification spends no lab time and says why
+    message = failed(run, "test_trials_completed")
+    assert "not run: preflight failed on test_drop_caches[gb10-a]: host gb10-a" in message, message
+    assert "sudo: a password is required" in message and "NOPASSWD" in message
+    for test in VERDICT_TESTS:
+        message = failed(run, test)
+        assert "not run: preflight failed on" in message and "sudo: a password is required" in message
+    assert rows(run.run_dir() / "trials.csv") == []  # no server was started
     check_aftermath(lab)
 
 
@@ -260,7 +263,7 @@ def test_ssh_connection_of_a_host_drops_mid_trial(tmp_path: Path, sshd_lab: Sshd
     output, _ = proc.communicate(timeout=180)
     run = QualifyRun(proc.returncode, output, lab.reports)
     assert run.returncode == 1, output
-    message = failed(run, "test_trials_completed"); print("MSG", message)
+    message = failed(run, "test_trials_completed")
     assert "host gb10-b rank 1" in message and "connection to the host dropped" in message, message
     assert "--resume fault" in message
     check_no_verdict(run, "host gb10-b rank 1")
@@ -276,12 +279,13 @@ def test_host_unreachable_at_preflight(tmp_path: Path, sshd_lab: SshdLab) -> Non
     setup.sshd["gb10-c"].stop()
     run = setup.lab.qualify("--seed", "3")
     assert run.returncode == 1, run.output
-    preflight = failed(run, "test_reachable[gb10-c]"); print("PRE", preflight)
+    preflight = failed(run, "test_reachable[gb10-c]")
     address = f"{setup.sshd['gb10-c'].address}:{setup.sshd['gb10-c'].port}"
     assert "host gb10-c" in preflight and f"cannot connect to {sshd_lab.user}@{address}" in preflight, preflight
     for test in ("test_all_ranks_started", "test_trials_completed", *VERDICT_TESTS):
         message = failed(run, test)
-        assert "could not run: HostUnreachable: host gb10-c" in message, message
+        assert "not run: preflight failed on test_reachable[gb10-c]: host gb10-c: " in message, message
+        assert "During handling" not in message  # the reason, not a chain of tracebacks
     assert rows(run.run_dir() / "trials.csv") == []
     check_aftermath(setup.lab)
 
@@ -291,12 +295,24 @@ def test_unknown_host_key(tmp_path: Path, sshd_lab: SshdLab) -> None:
     setup = ssh_lab(tmp_path, sshd_lab, known=("gb10-a", "gb10-b"))
     run = setup.lab.qualify("--seed", "3")
     assert run.returncode == 1, run.output
-    preflight = failed(run, "test_reachable[gb10-c]"); print("PRE", preflight)
-    assert "host gb10-c" in preflight and "HostKeyRejected" in preflight or "host key" in preflight, preflight
+    preflight = failed(run, "test_reachable[gb10-c]")
+    assert "host gb10-c: the SSH host key of" in preflight and "is unknown" in preflight, preflight
+    assert "in none of the known_hosts files" in preflight and "ssh-keyscan" in preflight
     assert failures(run).keys() >= {f"test_{t}[gb10-c]" for t in ("reachable", "drop_caches", "clock")}
     assert not any("gb10-a]" in n or "gb10-b]" in n for n in failures(run))
-    message = failed(run, "test_all_ranks_started"); print("MSG", message)
-    assert "could not run: HostKeyRejected: host gb10-c" in message, message
+    message = failed(run, "test_all_ranks_started")
+    assert "not run: preflight failed on test_reachable[gb10-c]: host gb10-c: the SSH host key" in message, message
     assert rows(run.run_dir() / "trials.csv") == []
     check_aftermath(setup.lab)
 
+
+
+def test_run_id_of_an_earlier_run_is_refused(tmp_path: Path) -> None:
+    """Reusing a run folder without --resume would count the earlier run's trials as this one's."""
+    lab = local_lab(tmp_path)
+    first = lab.qualify("--preflight-only")
+    assert first.returncode == 0, first.output
+    again = lab.qualify("--seed", "3")
+    assert again.returncode == 4, again.output
+    assert f"the run folder {lab.reports / 'fault'} already holds a run; continue it with --resume fault" in again.output
+    check_aftermath(lab)

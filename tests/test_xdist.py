@@ -44,9 +44,10 @@ def small_scenario(tmp_path: Path, name: str, cache: str) -> Path:
                 requests=[{"name": "A", "start": 1000, "stop": 5000},
                           {"name": "A-new-start", "start": 1000, "stop": 5000, "new_start": 1}],
                 trials=2, max_trials=2,
+                # wide margins: this test is about scale-out, and two trials per build decide little
                 expectations=[{"metric": "hit_rate", "request": "A-new-start", "kind": "no_regression",
-                               "margin": 0.05},
-                              {"metric": "kv_pages", "request": "*", "kind": "no_regression", "margin": 0.02}])
+                               "margin": 0.2},
+                              {"metric": "kv_pages", "request": "*", "kind": "no_regression", "margin": 0.2}])
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

@@ -245,8 +245,16 @@ def test_bad_requests_get_400_with_the_field_named(report_group: Group) -> None:
     assert g.client.get(g.url(0, "/nowhere")).status_code == 404
 
 
-def test_decode_tokens_logprobs_and_a_real_prefix_cache(report_group: Group) -> None:
-    g = report_group
+def test_no_prefix_cache_without_prefix_cache_memory(report_group: Group) -> None:
+    """The report ran with --prefix-cache-memory 0: even an exact repeat reads its rows again."""
+    prompt = np.arange(2000, 2300)
+    report_group.complete(prompt)
+    assert report_group.complete(prompt).json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_decode_tokens_logprobs_and_a_real_prefix_cache(group: Any) -> None:
+    g = group(flags=["--embedding-table-cache-size", "1G", "--prefix-cache-memory", "1G", *LOWERED_RESERVE])
+    g.wait_ready()
     prompt = np.arange(1000, 1300)
     reply = g.complete(prompt, max_tokens=3, logprobs=5).json()
     assert reply["usage"]["completion_tokens"] == 3

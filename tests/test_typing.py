@@ -1,0 +1,14 @@
+"""The type hints are checked, not decoration: mypy --strict over the suite's code."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.labfixtures import REPO
+
+
+def test_mypy_strict_passes_on_fixtures_and_qualify() -> None:
+    proc = subprocess.run([sys.executable, "-m", "mypy", "--strict", "fixtures", "qualify"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
