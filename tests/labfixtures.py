@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,28 +22,15 @@ from typing import Any
 
 import yaml
 
+from fixtures import lab
+
 REPO = Path(__file__).resolve().parents[1]
 SIM_ADDRESSES = ("127.0.0.11", "127.0.0.12", "127.0.0.13")
 
 
 def free_port(addresses: Sequence[str] = SIM_ADDRESSES) -> int:
     """A TCP port free on every address (probed, then released)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind((addresses[0], 0))
-            port = int(probe.getsockname()[1])
-        if all(_bindable(a, port) for a in addresses):
-            return port
-    raise RuntimeError(f"no port free on all of {addresses}")
-
-
-def _bindable(address: str, port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind((address, port))
-        except OSError:
-            return False
-    return True
+    return lab.free_port(addresses)
 
 
 def committed_inventory() -> dict[str, Any]:

@@ -12,7 +12,6 @@ tests/test_sequential.py check them.
 from __future__ import annotations
 
 import argparse
-import math
 import time
 import warnings
 from collections.abc import Sequence

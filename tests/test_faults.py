@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.labfaults import (REQUESTS, STARTUP, SimRun, check_aftermath, check_samples, failed, failures,
+from tests.labfaults import (STARTUP, SimRun, check_aftermath, check_samples, failed, failures,
                              requests_on_disk, rows, scenario_file)
 from tests.labfixtures import REPO, QualifyRun, start_qualify, write_inventory
 
@@ -124,7 +124,7 @@ def test_sudo_asks_for_a_password(tmp_path: Path) -> None:
         assert "NOPASSWD" in message
     # preflight fails fast: the qualification spends no lab time and says why
     message = failed(run, "test_trials_completed")
-    assert "not run: preflight failed on test_drop_caches[gb10-a]: host gb10-a" in message, message
+    assert "not run: preflight failed on test_drop_caches[gb10-a]: CommandFailed: host gb10-a" in message, message
     assert "sudo: a password is required" in message and "NOPASSWD" in message
     for test in VERDICT_TESTS:
         message = failed(run, test)
@@ -171,10 +171,12 @@ def test_stale_server_holds_the_port(stale_lab: tuple[SimRun, int]) -> None:
     preflight = failed(run, "test_port_free[gb10-a]")
     assert "host gb10-a rank 0" in preflight and f"process group {stale}" in preflight, preflight
     assert "--kill-stale" in preflight
+    # preflight fails fast: no trial is started beside the stale server
     started = failed(run, "test_all_ranks_started")
-    assert "host gb10-a rank 0" in started and "earlier run is still running" in started, started
-    assert f"process group {stale}" in started and "--kill-stale" in started
-    assert [t["outcome"] for t in rows(run.run_dir() / "trials.csv")] == ["start_failed"]
+    assert "not run: preflight failed on test_port_free[gb10-a]: StaleServer: host gb10-a rank 0" in started
+    assert "earlier run left is still running" in started and f"process group {stale}" in started, started
+    assert "--kill-stale" in started
+    assert rows(run.run_dir() / "trials.csv") == []
     check_aftermath(lab, left=(stale,))  # the stale rank is not this run's to stop without --kill-stale
     assert os.path.exists(f"/proc/{stale}")
 
@@ -284,7 +286,7 @@ def test_host_unreachable_at_preflight(tmp_path: Path, sshd_lab: SshdLab) -> Non
     assert "host gb10-c" in preflight and f"cannot connect to {sshd_lab.user}@{address}" in preflight, preflight
     for test in ("test_all_ranks_started", "test_trials_completed", *VERDICT_TESTS):
         message = failed(run, test)
-        assert "not run: preflight failed on test_reachable[gb10-c]: host gb10-c: " in message, message
+        assert "not run: preflight failed on test_reachable[gb10-c]: HostUnreachable: host gb10-c: " in message, message
         assert "During handling" not in message  # the reason, not a chain of tracebacks
     assert rows(run.run_dir() / "trials.csv") == []
     check_aftermath(setup.lab)
@@ -301,7 +303,8 @@ def test_unknown_host_key(tmp_path: Path, sshd_lab: SshdLab) -> None:
     assert failures(run).keys() >= {f"test_{t}[gb10-c]" for t in ("reachable", "drop_caches", "clock")}
     assert not any("gb10-a]" in n or "gb10-b]" in n for n in failures(run))
     message = failed(run, "test_all_ranks_started")
-    assert "not run: preflight failed on test_reachable[gb10-c]: host gb10-c: the SSH host key" in message, message
+    assert ("not run: preflight failed on test_reachable[gb10-c]: HostKeyRejected: host gb10-c: the SSH host key"
+            in message), message
     assert rows(run.run_dir() / "trials.csv") == []
     check_aftermath(setup.lab)
 

@@ -7,7 +7,6 @@ import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 import pytest
