@@ -7,6 +7,7 @@ import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -237,3 +238,27 @@ def test_interleave_continues_after_earlier_trials() -> None:
     later = interleave(("a", "b"), trials=3, block_size=1, seed=5, first_trial=4)
     assert sorted({s.trial for s in later}) == [4, 5, 6]
     assert [s.block for s in later] == [4, 4, 5, 5, 6, 6]
+
+
+def test_concurrent_copies_of_each_request_are_counted_together(tmp_path: Path) -> None:
+    """`concurrency: 2` sends each request twice at once: twice the lookups of one copy, on every host."""
+    path = write_inventory(tmp_path)
+    inventory = load_inventory(path)
+    base = seeded_scenario()
+    # short A then A with a new start: the first request after a start is split differently
+    specs = tuple(r.model_copy(update={"stop": 3000}) for r in base.requests[:2])
+    store = SampleStore(tmp_path / "run")
+    store.create()
+    lookups = {}
+    with Lab(inventory, inventory.groups_resolved()[0], run_id="run-c").open() as lab:
+        for copies in (1, 2):
+            scenario = base.model_copy(update={"requests": specs, "concurrency": copies})
+            runner = TrialRunner(lab, scenario, store, run_id="run-c", requests=scenario_requests(scenario))
+            result = runner.run(TrialSlot(build="set4", trial=copies, block=0, position=0))
+            assert result.row.outcome == OK, result.row.reason
+            frame = store.samples()
+            mine = frame[(frame["trial"] == copies) & (frame["request"] == "A-new-start")]
+            table = mine.pivot_table(index="host", columns="metric", values="value")
+            lookups[copies] = table["hits"] + table["misses"]
+    assert (lookups[2] == 2 * lookups[1]).all(), lookups
+    assert wait_no_sim_processes(inventory_port(path)) == []
