@@ -33,6 +33,19 @@ def free_port(addresses: Sequence[str] = SIM_ADDRESSES) -> int:
     return lab.free_port(addresses)
 
 
+def write_file(folder: Path, text: str, name: str) -> Path:
+    """`text` written to `folder/name` (a config file under test)."""
+    path = folder / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def edited(base: str, old: str, new: str) -> str:
+    """`base` with its first `old` replaced (which must be there: a test that edits nothing proves nothing)."""
+    assert old in base, old
+    return base.replace(old, new, 1)
+
+
 def committed_inventory() -> dict[str, Any]:
     data: dict[str, Any] = yaml.safe_load((REPO / "hosts.yaml").read_text(encoding="utf-8"))
     return data

@@ -8,6 +8,7 @@ import pytest
 
 from fixtures.errors import ScenarioError
 from fixtures.scenario import (METRIC_DIRECTION, available_scenarios, find_scenario, load_scenario)
+from tests.labfixtures import edited, write_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,14 +33,11 @@ expectations:
 
 
 def write(tmp_path: Path, text: str, name: str = "mini.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(text, encoding="utf-8")
-    return path
+    return write_file(tmp_path, text, name)
 
 
 def edit(old: str, new: str) -> str:
-    assert old in BASE, old
-    return BASE.replace(old, new, 1)
+    return edited(BASE, old, new)
 
 
 def test_base_scenario_defaults(tmp_path: Path) -> None:

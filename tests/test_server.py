@@ -40,18 +40,24 @@ def start_build(lab: Lab, build: str, flags: tuple[str, ...] = FLAGS) -> ServerG
     return server
 
 
-def test_committed_inventory_starts_reads_kv_pages_and_stops() -> None:
-    """The committed hosts.yaml, exactly as a lab runner uses it."""
-    inventory = load_inventory(REPO / "hosts.yaml")
-    port = inventory.server.http_port
+def kv_pages_of_a_start(inventory: Inventory) -> dict[str, int]:
+    """Start set4 on every host, read each rank's KV pages, stop."""
     with open_lab(inventory) as lab:
         server = start_build(lab, "set4")
         try:
             server.wait_ready()
-            pages = server.kv_pages()
+            assert len(sim_processes(inventory.server.http_port)) == 3
+            return server.kv_pages()
         finally:
             server.stop()
             server.close()
+
+
+def test_committed_inventory_starts_reads_kv_pages_and_stops() -> None:
+    """The committed hosts.yaml, exactly as a lab runner uses it."""
+    inventory = load_inventory(REPO / "hosts.yaml")
+    port = inventory.server.http_port
+    pages = kv_pages_of_a_start(inventory)
     assert sorted(pages) == ["gb10-a", "gb10-b", "gb10-c"]
     assert all(40_500 < p < 42_100 for p in pages.values()), pages  # the report: 41,358 and 41,301
     assert wait_no_sim_processes(port, timeout_s=1.0) == []
@@ -188,15 +194,7 @@ def test_three_rank_server_over_ssh(sshd_lab: SshdLab, tmp_path: Path) -> None:
     path = write_inventory(tmp_path, hosts=hosts, ssh=ssh)
     inventory = load_inventory(path)
     port = inventory.server.http_port
-    with open_lab(inventory) as lab:
-        server = start_build(lab, "set4")
-        try:
-            server.wait_ready()
-            pages = server.kv_pages()
-            assert len(sim_processes(port)) == 3
-        finally:
-            server.stop()
-            server.close()
+    pages = kv_pages_of_a_start(inventory)
     assert sorted(pages) == ["gb10-a", "gb10-b", "gb10-c"]
     assert all(40_500 < p < 42_100 for p in pages.values())
     assert wait_no_sim_processes(port, timeout_s=2.0) == []
