@@ -86,3 +86,11 @@ def test_preflight_names_a_missing_build(tmp_path: Path) -> None:
     run = run_qualify(inventory, tmp_path / "reports", "--preflight-only")
     assert run.returncode == 1
     assert "build executable not found: build 'ghost': /nonexistent/flare-server" in run.output
+
+
+def test_plugin_loads_without_xdist(tmp_path: Path) -> None:
+    """The xdist hooks are optional: `-p no:xdist` (or no xdist installed) still qualifies."""
+    inventory = write_inventory(tmp_path)
+    run = run_qualify(inventory, tmp_path / "reports", "--preflight-only", "-p", "no:xdist")
+    assert run.returncode == 0, run.output
+    assert "15 passed" in run.output
