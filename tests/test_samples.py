@@ -166,3 +166,18 @@ def test_append_to_a_vanished_folder_names_the_file(store: SampleStore) -> None:
     with pytest.raises(SamplesError, match=rf"cannot append to {store.samples_path}: .+; the samples measured "
                                            rf"from here on would be lost"):
         store.add_samples(key("set4", 0, "a"), "A", [("gb10-a", 0, "hits", 1)])
+
+
+def test_a_resumed_run_appends_after_a_torn_row_without_gluing_to_it(tmp_path: Path) -> None:
+    """A crash mid-write leaves a torn last row; the resumed run sets it aside and appends cleanly."""
+    store = SampleStore(tmp_path / "run")
+    store.create()
+    key = {"run": "r", "scenario": "s", "build": "b", "trial": 0, "block": 0, "attempt": "a1"}
+    store.add_samples(key, "A", [("h", 0, "hits", 1.0)])
+    with store.samples_path.open("a", encoding="utf-8") as f:
+        f.write("r,s,b,0,0,a1,A,h,0,misse")  # the crash
+    SampleStore(tmp_path / "run").create()  # the resumed run
+    store.add_samples(key, "A", [("h", 0, "misses", 2.0)])
+    lines = store.samples_path.read_text(encoding="utf-8").splitlines()
+    assert lines[-2:] == ["r,s,b,0,0,a1,A,h,0,hits,1", "r,s,b,0,0,a1,A,h,0,misses,2"]
+    assert (tmp_path / "run" / "samples.csv.torn").read_text(encoding="utf-8") == "r,s,b,0,0,a1,A,h,0,misse\n"
