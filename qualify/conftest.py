@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.plugin import state_of
+from cache_qualify.plugin import state_of
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -17,7 +17,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     state = state_of(metafunc.config)
     several = len(state.scenarios) > 1
     if "assertion_id" in metafunc.fixturenames:
-        from fixtures.qualification import assertions_for
+        from cache_qualify.qualification import assertions_for
 
         kinds = metafunc.definition.get_closest_marker("assertion_metrics")
         wanted = kinds.args if kinds else None

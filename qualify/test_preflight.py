@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from fixtures import preflight
-from fixtures.inventory import Host
-from fixtures.plugin import QualifyState, state_of
-from fixtures.transport import Transport
+from cache_qualify.lab import preflight
+from cache_qualify.config.inventory import Host
+from cache_qualify.plugin import QualifyState, state_of
+from cache_qualify.lab.transport import Transport
 
 pytestmark = pytest.mark.qualify_preflight
 
@@ -24,7 +24,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="module")
 def transport(qualify_state: QualifyState, lab_host: Host) -> Iterator[Transport]:
-    from fixtures.lab import transport_for
+    from cache_qualify.lab.control import transport_for
 
     with transport_for(qualify_state.inventory, lab_host) as t:
         yield t

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.gate import FAILED, INVALID, RecordProperty, check_trials_valid, check_verdict
-from fixtures.qualification import Qualifier
+from cache_qualify.gate import FAILED, INVALID, RecordProperty, check_trials_valid, check_verdict
+from cache_qualify.qualification import Qualifier
 
 ROW_CACHE_METRICS = ("hit_rate", "readiness_wait_ns", "client_time_s", "evictions", "refused_inserts")
 
@@ -22,7 +22,7 @@ def test_trials_completed(qualifier: Qualifier, scenario_name: str) -> None:
 
 def test_counter_consistency(qualifier: Qualifier, scenario_name: str) -> None:
     """Per request and host: misses = rows added + evictions + refused, with refused >= 0."""
-    from fixtures.consistency import counter_problems
+    from cache_qualify.report.consistency import counter_problems
 
     result = qualifier.result(scenario_name)
     problems = counter_problems(qualifier.store, result.scenario)

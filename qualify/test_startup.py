@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.gate import RecordProperty, check_started, check_verdict
-from fixtures.qualification import Qualifier
+from cache_qualify.gate import RecordProperty, check_started, check_verdict
+from cache_qualify.qualification import Qualifier
 
 
 def test_all_ranks_started(qualifier: Qualifier, scenario_name: str) -> None:

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from fixtures.transport import LocalTransport, Transport
+from cache_qualify.lab.transport import LocalTransport, Transport
 
 if TYPE_CHECKING:  # paramiko is imported only by sessions that use SSH
-    from fixtures.transport import SshTransport
+    from cache_qualify.lab.transport import SshTransport
     from tests.sshd import SshdInstance, SshdLab
 
 
@@ -46,7 +46,7 @@ def sshd_host(sshd_lab: SshdLab) -> Iterator[SshdInstance]:
 def ssh_transport(sshd_lab: SshdLab, sshd_host: SshdInstance,
                   tmp_path: Path) -> Iterator[SshTransport]:
     """An SshTransport to ``sshd_host`` whose key is in a strict known_hosts file."""
-    from fixtures.transport import SshTransport
+    from cache_qualify.lab.transport import SshTransport
 
     known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts", sshd_host)
     with SshTransport("h1", sshd_host.address, sshd_host.port,

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from fixtures import lab
+from cache_qualify.lab import control as lab
 
 REPO = Path(__file__).resolve().parents[1]
 SIM_ADDRESSES = ("127.0.0.11", "127.0.0.12", "127.0.0.13")
@@ -89,7 +89,7 @@ def sim_processes(port: int | None = None) -> list[tuple[int, str]]:
         except OSError:
             continue
         line = " ".join(a.decode(errors="replace") for a in args if a)
-        if "fixtures.sim.server" not in line or line.startswith("sh -c"):
+        if "cache_qualify.sim.server" not in line or line.startswith("sh -c"):
             continue
         if port is None or f"--port {port}" in line:
             found.append((int(entry.name), line))

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fixtures.transport.ssh import JumpHost, SshOptions
+from cache_qualify.lab.transport.ssh import JumpHost, SshOptions
 
 SSHD = Path("/usr/sbin/sshd")
 INSTALL_HINT = ("OpenSSH's sshd is needed by the SSH tests and was not found at {sshd}; "

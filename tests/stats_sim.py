@@ -3,7 +3,7 @@
 Each simulated qualification draws per-trial values with noise shaped like the
 simulated lab's (hit rates with sd 0.1 pp between starts, readiness wait with
 3 % noise, about 41,300 KV pages with sd 30) and calls the real
-`fixtures.verdict.evaluate`, look by look in sequential mode, exactly as the
+`cache_qualify.stats.verdict.evaluate`, look by look in sequential mode, exactly as the
 gate does. Run ``python -m tests.stats_sim`` to print the figures quoted in
 docs/statistics.md; the tests in tests/test_verdict.py and
 tests/test_sequential.py check them.
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, stats
 
-from fixtures.sequential import carry, decided, plan_looks
-from fixtures.verdict import Assertion, Verdict, VerdictWarning, evaluate, power_of
+from cache_qualify.stats.sequential import plan_looks
+from cache_qualify.stats.verdict import Assertion, Verdict, VerdictWarning, carry, decided, evaluate, power_of
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ REQUESTS = ("A", "A-new-start", "B", "B-new-start", "A-third-read")
 
 
 def bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fixtures.cli", "bench-harness", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "cache_qualify.cli", "bench-harness", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -1,4 +1,4 @@
-"""Tests of fixtures.client against a real HTTP server on a loopback address.
+"""Tests of cache_qualify.trials.client against a real HTTP server on a loopback address.
 
 The server answers like the emulated rank 0: an OpenAI-style completion whose
 usage counts the prompt actually posted; each test bends one part of it.
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from fixtures.client import CompletionResult, CompletionsClient
-from fixtures.errors import InvalidResponse, PrefixReuse, RequestFailed, RequestTimeout
+from cache_qualify.trials.client import CompletionResult, CompletionsClient
+from cache_qualify.errors import InvalidResponse, PrefixReuse, RequestFailed, RequestTimeout
 from tests.httpfixtures import Reply, Request, StubServer, json_reply, stub_servers
 
 __all__ = ["stub_servers"]  # the fixture, imported for pytest

@@ -34,7 +34,7 @@ VERDICT_TESTS = ("test_kv_pages", "test_row_cache")
 
 def fault_build(fault: str, rank: int) -> dict[str, Any]:
     """An emulated build (set4) with one `--sim-fault` on one rank."""
-    return {"path": str(REPO / "fixtures/sim/server.py"),
+    return {"path": str(REPO / "fixtures/cache_qualify/sim/server.py"),
             "flags": ["--sim-policy", "set4", "--sim-fault", fault, "--sim-fault-rank", str(rank),
                       "--host-system-share", "40"]}
 
@@ -141,7 +141,7 @@ def stale_lab(tmp_path: Path) -> Iterator[tuple[SimRun, int]]:
     directory.mkdir(parents=True)
     address = "127.0.0.11"
     stale = subprocess.Popen(
-        [sys.executable, "-m", "fixtures.sim.server", "--rank", "0", "--tensor-parallel-size", "1",
+        [sys.executable, "-m", "cache_qualify.sim.server", "--rank", "0", "--tensor-parallel-size", "1",
          "--rank0-address", f"{address}:{lab.port}", "--host", address, "--port", str(lab.port),
          "--embedding-table-cache-size", "64M"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -156,7 +156,7 @@ def stale_lab(tmp_path: Path) -> Iterator[tuple[SimRun, int]]:
 
 
 def wait_listening(address: str, port: int, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
-    from fixtures.lab import port_in_use
+    from cache_qualify.lab.control import port_in_use
 
     deadline = time.monotonic() + timeout_s
     while not port_in_use(address, port):

@@ -1,4 +1,4 @@
-"""Tests of fixtures.inventory: the committed inventories, malformed ones (each error matched), command quoting."""
+"""Tests of cache_qualify.config.inventory: the committed inventories, malformed ones (each error matched), command quoting."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import jsonschema
 import pytest
 import yaml
 
-from fixtures.errors import InventoryError
-from fixtures.inventory import (Inventory, check_address, inventory_hash, json_schema, load_inventory,
+from cache_qualify.errors import InventoryError
+from cache_qualify.config.inventory import (Inventory, check_address, inventory_hash, json_schema, load_inventory,
                                 render_argv, render_command)
-from fixtures.metricnames import MetricNames
+from cache_qualify.config.metricnames import MetricNames
 from tests.labfixtures import edited, write_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,9 +218,9 @@ def test_metric_names_overrides(tmp_path: Path) -> None:
 
 
 def test_ssh_options_value_object(tmp_path: Path) -> None:
-    from fixtures.transport.ssh import SshOptions
+    from cache_qualify.lab.transport.ssh import SshOptions
 
-    options = load_inventory(write(tmp_path, BASE)).ssh_options()
+    options = SshOptions.from_settings(load_inventory(write(tmp_path, BASE)).ssh)
     assert isinstance(options, SshOptions)
     assert options.user == "qualify" and options.host_key_policy == "strict"
     assert options.known_hosts == ("~/.ssh/known_hosts",)
@@ -318,8 +318,8 @@ def test_committed_hosts_yaml_is_the_simulated_lab() -> None:
 
 def test_committed_builds_are_accepted_by_the_emulated_server() -> None:
     """Every build's flags, with every shipped scenario's, parse with the emulated server's own parser."""
-    from fixtures.scenario import available_scenarios, find_scenario, load_scenario
-    from fixtures.sim.server import parse_args
+    from cache_qualify.config.scenario import available_scenarios, find_scenario, load_scenario
+    from cache_qualify.sim.server import parse_args
 
     inventory = load_inventory(ROOT / "hosts.yaml")
     (group,) = inventory.groups_resolved()
@@ -332,7 +332,7 @@ def test_committed_builds_are_accepted_by_the_emulated_server() -> None:
                     "world_size": group.world_size, "rank0_address": group.rank0.address,
                     "address": host.address, "port": inventory.server.http_port,
                     "flags": [*build.flags, *scenario.server_flags]})
-                assert argv[:3] == [sys.executable, "-m", "fixtures.sim.server"]
+                assert argv[:3] == [sys.executable, "-m", "cache_qualify.sim.server"]
                 parsed = parse_args(argv[3:])
                 assert (parsed.rank, parsed.host) == (host.rank, host.address)
                 assert parsed.rank0_address == f"127.0.0.11:{inventory.server.http_port}"
@@ -359,14 +359,14 @@ def test_example_gb10_lab_loads() -> None:
                                             ("scenario", "scenario.schema.json")])
 def test_committed_schema_is_current(kind: str, file: str) -> None:
     args = ["schema"] + (["--scenario"] if kind == "scenario" else [])
-    printed = subprocess.run([sys.executable, "-m", "fixtures.cli", *args], capture_output=True, text=True,
+    printed = subprocess.run([sys.executable, "-m", "cache_qualify.cli", *args], capture_output=True, text=True,
                              timeout=60, check=True, cwd=ROOT).stdout
-    committed = json.loads((ROOT / "fixtures" / "schema" / file).read_text(encoding="utf-8"))
+    committed = json.loads((ROOT / "fixtures" / "cache_qualify" / "config" / "schema" / file).read_text(encoding="utf-8"))
     assert json.loads(printed) == committed == json_schema(kind)  # type: ignore[arg-type]
 
 
 def test_schema_command_writes_a_file(tmp_path: Path) -> None:
-    from fixtures.cli import main
+    from cache_qualify.cli import main
 
     assert main(["schema", "--scenario", "-o", str(tmp_path / "s.json")]) == 0
     assert json.loads((tmp_path / "s.json").read_text(encoding="utf-8")) == json_schema("scenario")

@@ -18,16 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.errors import LockHeld, TransportError
-from fixtures.locks import Holder, HostLock
-from fixtures.transport import LocalTransport, SshTransport, Transport
+from cache_qualify.errors import LockHeld, TransportError
+from cache_qualify.lab.locks import Holder, HostLock
+from cache_qualify.lab.transport import LocalTransport, SshTransport, Transport
 from tests.test_transport_local import live_processes_with
 
 # a runner in its own process: takes the lock, says so, then sleeps until killed
 RUNNER = """
 import json, sys, time
-from fixtures.locks import Holder, HostLock
-from fixtures.transport import LocalTransport, SshOptions, SshTransport
+from cache_qualify.lab.locks import Holder, HostLock
+from cache_qualify.lab.transport import LocalTransport, SshOptions, SshTransport
 spec = json.loads(sys.argv[1])
 if spec["kind"] == "local":
     transport = LocalTransport("h1")

@@ -1,4 +1,4 @@
-"""Tests of fixtures.measure against real HTTP servers on loopback addresses.
+"""Tests of cache_qualify.trials.measure against real HTTP servers on loopback addresses.
 
 Bodies come from prometheus_client's own exposition (``generate_latest`` of a
 registry filled here, in Prometheus text and OpenMetrics), plus hand-written
@@ -28,9 +28,9 @@ from prometheus_client import (
 )
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from fixtures.errors import CounterReset, MeasureError, MetricMissing, MetricsUnreadable
-from fixtures.measure import (
-    Endpoint,
+from cache_qualify.errors import CounterReset, MeasureError, MetricMissing, MetricsUnreadable
+from cache_qualify.lab.server import MetricsEndpoint
+from cache_qualify.trials.measure import (
     HostDelta,
     MetricScraper,
     Snapshot,
@@ -39,7 +39,7 @@ from fixtures.measure import (
     parse_metrics,
     read_gauge,
 )
-from fixtures.metricnames import MetricNames
+from cache_qualify.config.metricnames import MetricNames
 from tests.httpfixtures import OPENMETRICS_TEXT, Reply, StubServer, stub_servers
 
 __all__ = ["stub_servers"]  # the fixture, imported for pytest
@@ -141,8 +141,8 @@ def three_hosts(stub_servers: Callable[[str], StubServer]) -> list[StubServer]:
     return servers
 
 
-def endpoints_of(servers: list[StubServer]) -> list[Endpoint]:
-    return [Endpoint(host=s.host, rank=rank, url=f"{s.url}/metrics")
+def endpoints_of(servers: list[StubServer]) -> list[MetricsEndpoint]:
+    return [MetricsEndpoint(host=s.host, rank=rank, url=f"{s.url}/metrics")
             for rank, s in enumerate(servers)]
 
 

@@ -1,4 +1,4 @@
-"""fixtures.planning: `cache-qualify plan` from a predicted effect and from a pilot run's samples."""
+"""cache_qualify.stats.planning: `cache-qualify plan` from a predicted effect and from a pilot run's samples."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fixtures.cli import main
-from fixtures.verdict import power_of, trials_for_power
+from cache_qualify.cli import main
+from cache_qualify.stats.verdict import power_of, trials_for_power
 
 COLUMNS = ("run", "scenario", "build", "trial", "block", "request", "host", "rank", "metric", "value")
 
@@ -34,7 +34,7 @@ def _write_pilot(path: Path, *, builds: dict[str, float], sd: float, trials: int
 
 
 def test_plan_from_a_predicted_effect_runs_as_a_console_script() -> None:
-    done = subprocess.run([sys.executable, "-m", "fixtures.cli", "plan", "--effect", "0.0013", "--sd", "0.001",
+    done = subprocess.run([sys.executable, "-m", "cache_qualify.cli", "plan", "--effect", "0.0013", "--sd", "0.001",
                            "--json"], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     [row] = json.loads(done.stdout)

@@ -2,7 +2,7 @@
 
 A small synthetic run (three hosts, two builds, three requests, four valid
 trials per build, one start that failed, one attempt cut short) is written the
-way a qualification writes it, with verdicts from `fixtures.verdict.evaluate`;
+way a qualification writes it, with verdicts from `cache_qualify.stats.verdict.evaluate`;
 the tests check the rendered numbers against values computed here.
 """
 
@@ -21,12 +21,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fixtures.cli import main
-from fixtures.errors import SamplesError
-from fixtures.report import estimate, fmt, load_run, provenance, render_run, verdict_table
-from fixtures.samples import OK, START_FAILED, SampleStore, TrialRow, new_attempt
-from fixtures.scenario import find_scenario
-from fixtures.verdict import Assertion, evaluate
+from cache_qualify.cli import main
+from cache_qualify.errors import SamplesError
+from cache_qualify.report.render import estimate, fmt, load_run, provenance, render_run, verdict_table
+from cache_qualify.samples.store import OK, START_FAILED, SampleStore, TrialRow, new_attempt
+from cache_qualify.config.scenario import find_scenario
+from cache_qualify.stats.verdict import Assertion, evaluate
 
 SCENARIO = "reread-1g"  # a shipped scenario, so provenance can hash its file
 BASE, CAND = "set4", "two_choice"
@@ -47,7 +47,7 @@ hosts:
   - {name: gb10-b, address: 127.0.0.12, rank: 1, transport: local}
   - {name: gb10-c, address: 127.0.0.13, rank: 2, transport: local}
 server:
-  command: "{python} -m fixtures.sim.server --rank {rank} {flags}"
+  command: "{python} -m cache_qualify.sim.server --rank {rank} {flags}"
   http_port: 18080
   kv_pages: {metric: flare_kv_cache_pages}
 builds:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.samples import OK, SampleStore
+from cache_qualify.samples.store import OK, SampleStore
 from tests.labfixtures import inventory_port, run_qualify, start_qualify, wait_no_sim_processes, write_inventory
 
 pytestmark = pytest.mark.slow

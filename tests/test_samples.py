@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.errors import SamplesError
-from fixtures.samples import FAILED, OK, SAMPLE_COLUMNS, TRIAL_COLUMNS, SampleStore, TrialRow, new_attempt
+from cache_qualify.errors import SamplesError
+from cache_qualify.samples.store import FAILED, OK, SAMPLE_COLUMNS, TRIAL_COLUMNS, SampleStore, TrialRow, new_attempt
 
 
 def trial_row(build: str, trial: int, attempt: str, outcome: str = OK) -> TrialRow:

@@ -1,4 +1,4 @@
-"""Tests of fixtures.scenario: the shipped scenarios and malformed scenario files."""
+"""Tests of cache_qualify.config.scenario: the shipped scenarios and malformed scenario files."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.errors import ScenarioError
-from fixtures.scenario import (METRIC_DIRECTION, available_scenarios, find_scenario, load_scenario)
+from cache_qualify.errors import ScenarioError
+from cache_qualify.config.scenario import (METRIC_DIRECTION, available_scenarios, find_scenario, load_scenario)
 from tests.labfixtures import edited, write_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,7 +142,7 @@ def test_tensor_parallel_must_match_the_group(tmp_path: Path) -> None:
 
 
 def test_find_scenario() -> None:
-    assert find_scenario("reread-1g") == ROOT / "qualify" / "scenarios" / "reread-1g.yaml"
+    assert find_scenario("reread-1g") == ROOT / "fixtures" / "cache_qualify" / "config" / "scenarios" / "reread-1g.yaml"
     with pytest.raises(ScenarioError, match=r"--scenario: unknown scenario 'reread-2g'; available: "
                        r"long-prompt, reread-1g, reread-4g"):
         find_scenario("reread-2g")
@@ -187,7 +187,7 @@ def test_long_prompt_fits_and_rereads() -> None:
 
 
 def test_all_shipped_scenarios_load_and_fit_the_default_corpus() -> None:
-    from fixtures.sim.corpus import default_corpus
+    from cache_qualify.trials.corpus import default_corpus
 
     tokens = len(default_corpus())
     assert available_scenarios() == ["long-prompt", "reread-1g", "reread-4g"]

@@ -1,14 +1,13 @@
-"""fixtures.sequential: the boundary's false-positive rate, plans, and the sequential gate by simulation."""
+"""cache_qualify.stats.sequential: the boundary's false-positive rate, plans, and the sequential gate by simulation."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fixtures.errors import PlanError
-from fixtures.sequential import (DEFAULT_BOUNDARY, Boundary, carry, decided, fractions_of, nominal_alpha,
-                                 plan_looks)
-from fixtures.verdict import Assertion, Verdict, evaluate
+from cache_qualify.errors import PlanError
+from cache_qualify.stats.sequential import DEFAULT_BOUNDARY, Boundary, fractions_of, nominal_alpha, plan_looks
+from cache_qualify.stats.verdict import Assertion, Verdict, carry, decided, evaluate
 from tests import stats_sim
 
 RUNS = 2000

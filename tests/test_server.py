@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.errors import CommandFailed, LockHeld, RankExited, StaleServer
-from fixtures.inventory import Inventory, load_inventory
-from fixtures.lab import Lab
-from fixtures.server import ServerGroup
+from cache_qualify.errors import CommandFailed, LockHeld, RankExited, StaleServer
+from cache_qualify.config.inventory import Inventory, load_inventory
+from cache_qualify.lab.control import Lab
+from cache_qualify.lab.server import ServerGroup
+from cache_qualify.trials.measure import read_kv_pages
 from tests.labfixtures import REPO, inventory_port, sim_processes, wait_no_sim_processes, write_inventory
 from tests.sshd import SshdLab
 
@@ -47,7 +48,7 @@ def kv_pages_of_a_start(inventory: Inventory) -> dict[str, int]:
         try:
             server.wait_ready()
             assert len(sim_processes(inventory.server.http_port)) == 3
-            return server.kv_pages()
+            return read_kv_pages(server, inventory.metric_names())
         finally:
             server.stop()
             server.close()
@@ -134,9 +135,10 @@ def test_sigkilled_runner_leaves_no_server_and_no_lock(tmp_path: Path) -> None:
     port = inventory_port(path)
     runner = textwrap.dedent(f"""
         import sys, time
-        from fixtures.inventory import load_inventory
-        from fixtures.lab import Lab
-        from fixtures.server import ServerGroup
+        from cache_qualify.config.inventory import load_inventory
+        from cache_qualify.lab.control import Lab
+        from cache_qualify.lab.server import ServerGroup
+from cache_qualify.trials.measure import read_kv_pages
         inv = load_inventory({str(path)!r})
         lab = Lab(inv, inv.groups_resolved()[0], run_id="doomed").open()
         server = ServerGroup(lab, "set4", inv.build("set4"), flags={list(FLAGS)!r})

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.errors import CommandFailed, CommandTimeout
-from fixtures.transport import LocalTransport, Transport
+from cache_qualify.errors import CommandFailed, CommandTimeout
+from cache_qualify.lab.transport import LocalTransport, Transport
 
 # every value a shell would interpret if it were not quoted
 METACHARACTERS = [

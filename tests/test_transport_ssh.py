@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from fixtures.errors import HostKeyRejected, HostUnreachable, TransportError
-from fixtures.transport import SshOptions, SshTransport
+from cache_qualify.errors import HostKeyRejected, HostUnreachable, TransportError
+from cache_qualify.lab.transport import SshOptions, SshTransport
 from tests.sshd import (SshdInstance, SshdLab, SshdUnavailable, free_port, generate_key,
                         require_sshd)
 

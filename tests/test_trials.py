@@ -12,13 +12,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fixtures.cli import main as cli_main
-from fixtures.errors import MetricMissing, MetricsUnreadable, PrefixReuse, RankExited
-from fixtures.inventory import load_inventory
-from fixtures.lab import Lab
-from fixtures.samples import FAILED, INVALID, OK, SampleStore
-from fixtures.scenario import Scenario, find_scenario, load_scenario
-from fixtures.trials import ALL, STARTUP, TrialResult, TrialRunner, TrialSlot, interleave, scenario_requests
+from cache_qualify.cli import main as cli_main
+from cache_qualify.errors import MetricMissing, MetricsUnreadable, PrefixReuse, RankExited
+from cache_qualify.config.inventory import load_inventory
+from cache_qualify.lab.control import Lab
+from cache_qualify.samples.store import FAILED, INVALID, OK, SampleStore
+from cache_qualify.config.scenario import Scenario, find_scenario, load_scenario
+from cache_qualify.samples.store import ALL, STARTUP
+from cache_qualify.trials.runner import TrialResult, TrialRunner, TrialSlot, interleave, scenario_requests
 from tests.labfixtures import inventory_port, wait_no_sim_processes, write_inventory
 
 SIM_SEED = 20240611

@@ -1,4 +1,4 @@
-"""fixtures.verdict: tests against scipy's reference numbers, outcomes, degenerate data, plans, A/A."""
+"""cache_qualify.stats.verdict: tests against scipy's reference numbers, outcomes, degenerate data, plans, A/A."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fixtures.errors import PlanError
-from fixtures.verdict import (Assertion, VerdictWarning, _holm, check_plan, evaluate, power_of,
+from cache_qualify.errors import PlanError
+from cache_qualify.stats.verdict import (Assertion, VerdictWarning, _holm, check_plan, evaluate, power_of,
                               trials_for_power)
 from tests import stats_sim
 

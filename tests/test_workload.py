@@ -10,8 +10,8 @@ import pytest
 import tokenizers
 from tokenizers import models, pre_tokenizers
 
-from fixtures.errors import CorpusError
-from fixtures.workload import Request, excerpt, load_corpus, replace_start, report_sequence
+from cache_qualify.errors import CorpusError
+from cache_qualify.trials.workload import Request, load_corpus, replace_start, report_sequence, token_range
 
 
 def test_npy_and_json_token_files_keep_ids_in_range(tmp_path: Path) -> None:
@@ -72,14 +72,14 @@ def test_more_unusable_corpora(tmp_path: Path) -> None:
 
 def test_excerpt_bounds() -> None:
     corpus = np.arange(100, dtype=np.uint32)
-    part = excerpt(corpus, 10, 20)
+    part = token_range(corpus, 10, 20)
     assert part.tolist() == list(range(10, 20))
     part[0] = 0
     assert corpus[10] == 10  # a copy
     with pytest.raises(CorpusError, match=r"excerpt 90\.\.101 must lie within the corpus's 100 tokens"):
-        excerpt(corpus, 90, 101)
+        token_range(corpus, 90, 101)
     with pytest.raises(CorpusError, match=r"excerpt 5\.\.5"):
-        excerpt(corpus, 5, 5)
+        token_range(corpus, 5, 5)
 
 
 def test_new_starts_are_deterministic_distinct_and_never_the_original() -> None:

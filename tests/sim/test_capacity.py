@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.sim.capacity import (
+from cache_qualify.sim.capacity import (
     FIXED_BYTES,
     ROW_BYTES,
     capacity_rows,
-    parse_size,
     split_rows,
     table_capacities,
 )
+from cache_qualify.units import parse_size
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import numpy as np
 
-import fixtures.sim.data
+import cache_qualify.trials.data
 
-from fixtures.sim.capacity import capacity_rows, parse_size
-from fixtures.sim.corpus import default_corpus
-from fixtures.sim.emulate import sequence_gathers
-from fixtures.workload import report_sequence
+from cache_qualify.sim.capacity import capacity_rows
+from cache_qualify.units import parse_size
+from cache_qualify.trials.corpus import default_corpus
+from cache_qualify.sim.emulate import sequence_gathers
+from cache_qualify.trials.workload import report_sequence
 
 
 def test_shape_range_and_cache() -> None:
@@ -24,7 +25,7 @@ def test_shape_range_and_cache() -> None:
 
 
 def test_shipped_data_is_small() -> None:
-    data = Path(fixtures.sim.data.__file__).parent
+    data = Path(cache_qualify.trials.data.__file__).parent
     total = sum(f.stat().st_size for f in data.iterdir() if f.is_file())
     assert total < 2 << 20
 

@@ -12,15 +12,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fixtures.sim.capacity import parse_size, table_capacities
-from fixtures.sim.emulate import replay, sequence_gathers
-from fixtures.sim.reference import ReferenceRowCache
-from fixtures.sim.rowcache import POLICIES, RowCache
-from fixtures.workload import report_sequence
+from cache_qualify.sim.capacity import table_capacities
+from cache_qualify.units import parse_size
+from cache_qualify.sim.emulate import replay, sequence_gathers
+from cache_qualify.sim.reference import ReferenceRowCache
+from cache_qualify.sim.rowcache import POLICIES, RowCache
+from cache_qualify.trials.workload import report_sequence
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fixtures.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cache_qualify.cli", *args], capture_output=True,
                           text=True, timeout=300)
 
 

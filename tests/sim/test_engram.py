@@ -7,7 +7,7 @@ import pytest
 import tokenizers
 from tokenizers import models, pre_tokenizers
 
-from fixtures.sim.engram import COMPRESSED_VOCAB, EngramHasher, compress_vocabulary
+from cache_qualify.sim.engram import COMPRESSED_VOCAB, EngramHasher, compress_vocabulary
 
 
 @pytest.fixture(scope="module")

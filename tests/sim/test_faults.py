@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.sim.faults import Fault, FaultKind, FaultState, RequestAction, ScrapeAction, parse_fault
+from cache_qualify.sim.faults import Fault, FaultKind, FaultState, RequestAction, ScrapeAction, parse_fault
 
 
 @pytest.mark.parametrize(("text", "fault"), [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fixtures.sim.memory import (GIB, MIN_KV_PAGES, MemoryModel, draw_kv_pages, kv_budget,
+from cache_qualify.sim.memory import (GIB, MIN_KV_PAGES, MemoryModel, draw_kv_pages, kv_budget,
                                  shortfall_message)
 
 LOWERED, DEFAULT = 40, 20   # HOST_SYSTEM_SHARE: the report's patched runtime, and the stock one

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fixtures.sim.prefill import PrefillJob, plan_job
-from fixtures.sim.prefix import PrefixCache
+from cache_qualify.sim.prefill import PrefillJob, plan_job
+from cache_qualify.sim.prefix import PrefixCache
 
 
 def prompt(n: int, start: int = 100) -> np.ndarray:

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from fixtures.sim.reference import ReferenceRowCache
-from fixtures.sim.rowcache import POLICIES, CacheCounters, RowCache
+from cache_qualify.sim.reference import ReferenceRowCache
+from cache_qualify.sim.rowcache import POLICIES, CacheCounters, RowCache
 
 
 def rows(*ids: int) -> np.ndarray:

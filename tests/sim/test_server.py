@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fixtures.sim.corpus import default_corpus
-from fixtures.sim.server import parse_args
-from fixtures.workload import Request, report_sequence
+from cache_qualify.trials.corpus import default_corpus
+from cache_qualify.sim.server import parse_args
+from cache_qualify.trials.workload import Request, report_sequence
 
 HOSTS = ("127.0.0.11", "127.0.0.12", "127.0.0.13")
 LOWERED_RESERVE = ["--host-system-share", "40"]
@@ -47,7 +47,7 @@ class Group:
         rank0 = f"{self.hosts[0]}:{self.ports[0]}"
         self.procs: list[subprocess.Popen[bytes]] = []
         for r, (host, port) in enumerate(zip(self.hosts, self.ports)):
-            argv = [sys.executable, "-m", "fixtures.sim.server", "--rank", str(r),
+            argv = [sys.executable, "-m", "cache_qualify.sim.server", "--rank", str(r),
                     "--tensor-parallel-size", str(tp), "--rank0-address", rank0, "--host", host,
                     "--port", str(port), *flags]
             if seed is not None:
@@ -127,7 +127,7 @@ def total(snapshot: dict[Key, float], name: str) -> float:
 @pytest.fixture(scope="module", autouse=True)
 def kernels_loaded() -> None:
     """Compile the jitted kernel once (on a fresh install) before ranks start side by side."""
-    subprocess.run([sys.executable, "-m", "fixtures.sim.server", "--sim-warm-only"], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "cache_qualify.sim.server", "--sim-warm-only"], check=True, timeout=300)
 
 
 @pytest.fixture
@@ -401,7 +401,7 @@ def test_a_rank_gives_up_when_rank_0_never_answers(group: Any) -> None:
 
 
 def test_bad_flags_exit_2_with_the_reason() -> None:
-    proc = subprocess.run([sys.executable, "-m", "fixtures.sim.server", "--rank", "0", "--port", "0",
+    proc = subprocess.run([sys.executable, "-m", "cache_qualify.sim.server", "--rank", "0", "--port", "0",
                            "--sim-fault", "bogus"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "unknown fault 'bogus'; expected one of exit-at-start, crash-on-request:N" in proc.stderr
