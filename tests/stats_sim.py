@@ -146,7 +146,7 @@ FIXED_MODERATE = Design(10)
 SEQUENTIAL_MODERATE = Design(3, 13)
 AA_FIXED = Design(5)
 AA_SEQUENTIAL = Design(3, 13)
-LARGE = Design(3, 13)          # the report's hit rate 86 % -> 99 %
+LARGE = Design(3, 13)          # the RowCache study's hit rate 86 % -> 99 %
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -48,7 +48,7 @@ def test_two_choice_beats_set4_at_1g(tmp_path: Path) -> None:
         assert props["outcome"] == "pass"
         assert float(props["p_adjusted"]) <= 0.01
     _, props, _ = case(run, "hit_rate-gain[B-new-start]")
-    assert 0.80 < float(props["baseline_mean"]) < 0.93  # the report's emulation: 85.6 %, measured 87.06 %
+    assert 0.80 < float(props["baseline_mean"]) < 0.93  # the RowCache study's emulation: 85.6 %, measured 87.06 %
     assert float(props["candidate_mean"]) >= 0.97
     run_dir = run.run_dir()
     for produced in ("summary.md", "verdicts.json", "samples.csv", "trials.csv", "junit.xml", "provenance.json"):
@@ -73,7 +73,7 @@ def test_lru4_fails_on_the_third_read_of_a(tmp_path: Path) -> None:
     assert run.returncode == 1
     outcome, props, message = case(run, "hit_rate-gain[A-third-read]")
     assert outcome == "failed" and props["outcome"] == "fail"
-    assert float(props["candidate_mean"]) < float(props["baseline_mean"])  # the report: 69.6 % vs 86.4 %
+    assert float(props["candidate_mean"]) < float(props["baseline_mean"])  # the RowCache study: 69.6 % vs 86.4 %
     assert "hit_rate-gain[A-third-read]" in message and "lru4" in message
 
 

@@ -89,7 +89,7 @@ def test_plan_refuses_missing_inputs_and_unknown_builds(tmp_path: Path, capsys: 
 
 
 def test_plan_from_the_emulators_prediction(capsys: pytest.CaptureFixture[str]) -> None:
-    """Effect and start-to-start noise from the emulator: the report's large re-read gain needs the minimum."""
+    """Effect and start-to-start noise from the emulator: the RowCache study's large re-read gain needs the minimum."""
     assert main(["plan", "--emulate", "--baseline", "set4", "--candidate", "two_choice", "--seeds", "3",
                  "--alpha", "0.01", "--family-size", "4", "--json"]) == 0
     sizings = {s["request"]: s for s in json.loads(capsys.readouterr().out)}

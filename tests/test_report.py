@@ -1,4 +1,4 @@
-"""The report of a run folder, rendered from real files written through SampleStore.
+"""The RowCache study of a run folder, rendered from real files written through SampleStore.
 
 A small synthetic run (three hosts, two builds, three requests, four valid
 trials per build, one start that failed, one attempt cut short) is written the
@@ -254,7 +254,7 @@ def test_request_table_has_means_and_cis_over_all_hosts(failing_run: Run, summar
     assert cells[3:5] == [_reference(e.evictions[(b, request_name)], 1, 0) for b in builds]
     assert cells[7:9] == [_reference(e.wait_ns[(b, request_name)], 1e-9, 3) for b in builds]
     assert cells[9:11] == [_reference(e.time_s[(b, request_name)], 1, 2) for b in builds]
-    assert "," in cells[3]  # thousands separators, as in the report
+    assert "," in cells[3]  # thousands separators, as in the RowCache study
 
 
 def test_host_table_has_every_host(failing_run: Run, summary: str) -> None:

@@ -60,7 +60,7 @@ def test_committed_inventory_starts_reads_kv_pages_and_stops() -> None:
     port = inventory.server.http_port
     pages = kv_pages_of_a_start(inventory)
     assert sorted(pages) == ["gb10-a", "gb10-b", "gb10-c"]
-    assert all(40_500 < p < 42_100 for p in pages.values()), pages  # the report: 41,358 and 41,301
+    assert all(40_500 < p < 42_100 for p in pages.values()), pages  # the RowCache study: 41,358 and 41,301
     assert wait_no_sim_processes(port, timeout_s=1.0) == []
 
 

@@ -1,4 +1,4 @@
-"""Workload primitives: corpora, excerpts, new starts, the report's sequence."""
+"""Workload primitives: corpora, excerpts, new starts, the RowCache study's sequence."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import tokenizers
 from tokenizers import models, pre_tokenizers
 
 from cache_qualify.errors import CorpusError
-from cache_qualify.trials.workload import Request, load_corpus, replace_start, report_sequence, token_range
+from cache_qualify.trials.workload import Request, load_corpus, replace_start, study_sequence, token_range
 
 
 def test_npy_and_json_token_files_keep_ids_in_range(tmp_path: Path) -> None:
@@ -102,9 +102,9 @@ def test_a_start_never_equals_the_original_even_in_a_tiny_range() -> None:
         replace_start(tokens[:8], 1)
 
 
-def test_report_sequence() -> None:
+def test_study_sequence() -> None:
     corpus = np.arange(130_000, dtype=np.uint32) + 3
-    seq = report_sequence(corpus)
+    seq = study_sequence(corpus)
     assert [r.name for r in seq] == ["A", "A-new-start", "B", "B-new-start", "A-third-read"]
     assert [r.tokens.size for r in seq] == [20_000, 20_000, 60_000, 60_000, 20_000]
     assert seq[0].tokens[0] == 1_003 and seq[2].tokens[0] == 60_003
@@ -112,4 +112,4 @@ def test_report_sequence() -> None:
     assert len({r.tokens[:16].tobytes() for r in (seq[0], seq[1], seq[4])}) == 3
     assert "20000 tokens" in repr(seq[0]) and isinstance(seq[0], Request)
     with pytest.raises(CorpusError, match=r"excerpt 60000\.\.120000 must lie within the corpus's 100000"):
-        report_sequence(corpus[:100_000])
+        study_sequence(corpus[:100_000])

@@ -39,7 +39,7 @@ def two_groups(tmp_path: Path, sleep_scale: float = TEST_SLEEP_SCALE) -> Path:
 
 
 def small_scenario(tmp_path: Path, name: str, cache: str) -> Path:
-    """The report's A and A-new-start only: the time is the servers', not the runner's CPU."""
+    """The RowCache study's A and A-new-start only: the time is the servers', not the runner's CPU."""
     text = (REPO / "fixtures" / "cache_qualify" / "config" / "scenarios" / "reread-1g.yaml").read_text()
     data = yaml.safe_load(text)
     data.update(name=name, server_flags=["--embedding-table-cache-size", cache, "--prefix-cache-memory", "0"],

@@ -1,4 +1,4 @@
-"""Capacity model: the report's capacity rows from cache bytes."""
+"""Capacity model: the RowCache study's capacity rows from cache bytes."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_parse_size_rejects_what_it_cannot_read(text: str | int, message: str) -
 def test_the_reports_capacity_rows() -> None:
     assert capacity_rows(parse_size("1G")) == 3_613_836
     assert capacity_rows(parse_size("4G")) == 15_118_212
-    assert capacity_rows(parse_size("1G")) // 4 == 903_459  # the report's four-way sets
+    assert capacity_rows(parse_size("1G")) // 4 == 903_459  # the RowCache study's four-way sets
 
 
 def test_capacity_is_whole_sets_and_never_negative() -> None:

@@ -1,4 +1,4 @@
-"""The shipped default corpus: real text, the report's regime."""
+"""The shipped default corpus: real text, the RowCache study's regime."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from cache_qualify.sim.capacity import capacity_rows
 from cache_qualify.units import parse_size
 from cache_qualify.trials.corpus import default_corpus
 from cache_qualify.sim.emulate import sequence_gathers
-from cache_qualify.trials.workload import report_sequence
+from cache_qualify.trials.workload import study_sequence
 
 
 def test_shape_range_and_cache() -> None:
@@ -39,9 +39,9 @@ def test_tokens_look_like_text_not_noise() -> None:
     assert np.unique(bigrams).size < 0.7 * bigrams.size
 
 
-def test_report_sequence_reads_the_reports_regime() -> None:
+def test_study_sequence_reads_the_reports_regime() -> None:
     """2.2 to 3.0 M distinct rows over both tables, 60 to 80 % of the 1 GiB cache's slots."""
-    gathers = sequence_gathers(report_sequence(default_corpus()))
+    gathers = sequence_gathers(study_sequence(default_corpus()))
     distinct = sum(np.unique(np.concatenate([g for request in gathers for g in request[table]])).size
                    for table in range(2))
     assert 2_200_000 <= distinct <= 3_000_000

@@ -17,7 +17,7 @@ from cache_qualify.units import parse_size
 from cache_qualify.sim.emulate import replay, sequence_gathers
 from cache_qualify.sim.reference import ReferenceRowCache
 from cache_qualify.sim.rowcache import POLICIES, RowCache
-from cache_qualify.trials.workload import report_sequence
+from cache_qualify.trials.workload import study_sequence
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -50,7 +50,7 @@ def test_default_sequence_at_1_gib_lands_in_the_reports_regime(
         rates = [rate(default_runs[p], request) for p in ("set4", "set8", "set16", "two_choice")]
         assert rates == sorted(rates) and len(set(rates)) == 4, (request, rates)
     assert rate(default_runs["lru4"], "A-third-read") < rate(set4, "A-third-read")
-    # every policy saw the same lookups; the identity of the report holds
+    # every policy saw the same lookups; the identity of the RowCache study holds
     assert len({run["lookups"] for run in default_runs.values()}) == 1
     for run in default_runs.values():
         assert run["misses"] == run["inserts"] + run["evictions"] + run["refused"]
@@ -67,7 +67,7 @@ def test_table_is_shaped_like_the_reports() -> None:
     assert names == ["A", "A-new-start", "B", "B-new-start", "A-third-read", "Slots filled"]
     assert "capacity 15,118,212 rows" in done.stdout
     b_new = lines[5].split("|")
-    assert float(b_new[2].strip(" %")) > 99.0  # 4 GiB: the report's 99.81 %
+    assert float(b_new[2].strip(" %")) > 99.0  # 4 GiB: the RowCache study's 99.81 %
 
 
 def test_trace_replay_matches_the_reference(tmp_path: Path) -> None:
@@ -109,7 +109,7 @@ def test_unreadable_trace_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_replay_per_request_deltas_add_up() -> None:
     corpus = np.random.default_rng(0).integers(3, 5000, 130_000).astype(np.uint32)
-    requests = report_sequence(corpus)
+    requests = study_sequence(corpus)
     gathers = sequence_gathers(requests)
     run = replay("set4", [r.name for r in requests], gathers, table_capacities(parse_size("256M")))
     assert sum(c.misses for _, c in run.requests) == run.total.misses

@@ -1,4 +1,4 @@
-"""The KV-pages memory model against the report's figures."""
+"""The KV-pages memory model against the RowCache study's figures."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from cache_qualify.sim.memory import (GIB, MIN_KV_PAGES, MemoryModel, draw_kv_pages, kv_budget,
                                  shortfall_message)
 
-LOWERED, DEFAULT = 40, 20   # HOST_SYSTEM_SHARE: the report's patched runtime, and the stock one
+LOWERED, DEFAULT = 40, 20   # HOST_SYSTEM_SHARE: the RowCache study's patched runtime, and the stock one
 
 
 def pages(share: int, cache_gib: float, starts: int = 400) -> np.ndarray:
@@ -18,7 +18,7 @@ def pages(share: int, cache_gib: float, starts: int = 400) -> np.ndarray:
 
 def test_lowered_reserve_at_1g_is_near_41300_with_small_noise() -> None:
     budget = kv_budget(MemoryModel(host_system_share=LOWERED))
-    assert 41_300 <= budget.expected_pages <= 41_360       # the report: 41,358 and 41,301
+    assert 41_300 <= budget.expected_pages <= 41_360       # the RowCache study: 41,358 and 41,301
     drawn = pages(LOWERED, 1)
     assert 41_200 <= drawn.min() and drawn.max() <= 41_500
     assert 10 < drawn.std() < 100
@@ -26,7 +26,7 @@ def test_lowered_reserve_at_1g_is_near_41300_with_small_noise() -> None:
 
 def test_4g_under_lowered_reserve_is_near_12900_with_noise_of_thousands() -> None:
     drawn = pages(LOWERED, 4)
-    assert 12_000 <= np.median(drawn) <= 14_000            # the report: 14,215 and 11,548
+    assert 12_000 <= np.median(drawn) <= 14_000            # the RowCache study: 14,215 and 11,548
     assert 800 < drawn.std() < 3_000
     assert np.percentile(drawn, 5) < 11_548 + 1_000 and np.percentile(drawn, 95) > 14_215
 
@@ -41,7 +41,7 @@ def test_default_reserve_at_1g_spans_the_reports_starts() -> None:
     drawn = pages(DEFAULT, 1)
     assert 11_000 <= np.median(drawn) <= 12_500
     assert 1_000 < drawn.std() < 3_000                      # "noise of thousands"
-    # the report's starts (12,528 in the table; 11,320 to 16,952) are ordinary draws
+    # the RowCache study's starts (12,528 in the table; 11,320 to 16,952) are ordinary draws
     assert np.percentile(drawn, 2) < 11_320 and np.percentile(drawn, 98) > 16_000
     assert np.percentile(drawn, 25) < 12_528 < np.percentile(drawn, 90)
     assert drawn.min() >= MIN_KV_PAGES

@@ -1,4 +1,4 @@
-"""The RowCache emulator: the report's rules, the jitted loop against the reference."""
+"""The RowCache emulator: the RowCache study's rules, the jitted loop against the reference."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def rows(*ids: int) -> np.ndarray:
 
 
 def test_uniform_rows_at_three_per_set_fill_as_poisson_says() -> None:
-    """The report: 3.0 rows per 4-way set fill E[min(X, 4)]/4 = 67 % of slots, ~35 % of sets full."""
+    """The RowCache study: 3.0 rows per 4-way set fill E[min(X, 4)]/4 = 67 % of slots, ~35 % of sets full."""
     sets = 50_000
     cache = RowCache("set4", 4 * sets, seed=7)
     distinct = np.random.default_rng(1).choice(1 << 40, size=3 * sets, replace=False)

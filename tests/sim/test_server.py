@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cache_qualify.trials.corpus import default_corpus
 from cache_qualify.sim.server import parse_args
-from cache_qualify.trials.workload import Request, report_sequence
+from cache_qualify.trials.workload import Request, study_sequence
 
 HOSTS = ("127.0.0.11", "127.0.0.12", "127.0.0.13")
 LOWERED_RESERVE = ["--host-system-share", "40"]
@@ -148,7 +148,7 @@ def group(tmp_path: Path) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def report_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
-    """The report's servers: three ranks, 1 GiB cache, the lowered reserve."""
+    """The RowCache study's servers: three ranks, 1 GiB cache, the lowered reserve."""
     g = Group(tmp_path_factory.mktemp("report"), flags=["--embedding-table-cache-size", "1G",
                                                          *LOWERED_RESERVE])
     try:
@@ -161,7 +161,7 @@ def report_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
 
 @pytest.fixture(scope="module")
 def sequence() -> list[Request]:
-    return report_sequence(default_corpus())
+    return study_sequence(default_corpus())
 
 
 READINESS = "flare_replay_readiness_wait_nanoseconds_total"
@@ -171,7 +171,7 @@ REFUSED = "flare_engram_row_cache_refused_inserts_total"
 CAPACITY, RESIDENT = "flare_engram_row_cache_capacity_rows", "flare_engram_row_cache_resident_rows"
 
 
-# -- the report's sequence -------------------------------------------------------------------------
+# -- the RowCache study's sequence -------------------------------------------------------------------------
 
 def test_three_ranks_answer_the_five_requests_and_every_rank_counts(
         report_group: Group, sequence: list[Request]) -> None:
@@ -206,7 +206,7 @@ def test_three_ranks_answer_the_five_requests_and_every_rank_counts(
     # rank 0 exports the exposed wait: per gather the slowest rank's, so at least any one rank's own
     waits = [delta(after[r], before[r], READINESS) for r in range(3)]
     assert max(waits[1:]) <= waits[0] <= sum(waits)
-    # the report's regime: first reads mostly miss, the re-read of A mostly hits
+    # the RowCache study's regime: first reads mostly miss, the re-read of A mostly hits
     assert hit_rates["A"] < 0.3 and hit_rates["B"] < 0.4
     assert hit_rates["A-new-start"] > 0.95
     assert 0.7 < hit_rates["B-new-start"] < 0.97
@@ -218,7 +218,7 @@ def test_every_rank_logs_and_exports_its_kv_pages_and_seed(report_group: Group) 
         match = re.search(r"kv_cache: (\d+) pages of 128 tokens", log)
         assert match, log
         pages = int(match.group(1))
-        assert 41_000 < pages < 41_700                    # the report: 41,358 and 41,301
+        assert 41_000 < pages < 41_700                    # the RowCache study: 41,358 and 41,301
         metrics = report_group.scrape(r)
         assert metrics[("flare_kv_cache_pages", "")] == pages
         assert metrics[("flare_engram_row_cache_seed", "")] == 7
@@ -246,7 +246,7 @@ def test_bad_requests_get_400_with_the_field_named(report_group: Group) -> None:
 
 
 def test_no_prefix_cache_without_prefix_cache_memory(report_group: Group) -> None:
-    """The report ran with --prefix-cache-memory 0: even an exact repeat reads its rows again."""
+    """The RowCache study ran with --prefix-cache-memory 0: even an exact repeat reads its rows again."""
     prompt = np.arange(2000, 2300)
     report_group.complete(prompt)
     assert report_group.complete(prompt).json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
