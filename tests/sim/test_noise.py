@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from cache_qualify.sim.calibration import (KV_STUDY, STUDY_FIRST_WAIT_DIFFERENCE_S, TOLERANCE, expected_range,
-                                           typical_difference)
+                                           mean_difference, typical_difference)
 from cache_qualify.sim.memory import GIB, MemoryModel
 from cache_qualify.sim.noise import PROFILES, Latency, NoiseModel, draw_start, rank_kv_pages, start_budget
 from cache_qualify.sim.server import parse_args
@@ -43,7 +43,7 @@ def test_calibrated_kv_spread_is_the_studys_within_a_factor_of_two(key: tuple[in
 def test_quiet_kv_spread_is_the_memory_models_independent_ranks() -> None:
     # before the noise model, the smallest of three independent ranks halved the study's 4 GiB spread
     drawn = start_pages(QUIET, 40, 4)
-    assert typical_difference(drawn) < KV_STUDY[(40, 4)].apart / TOLERANCE
+    assert KV_STUDY[(40, 4)].model(drawn) < KV_STUDY[(40, 4)].apart / TOLERANCE
 
 
 def test_start_factor_makes_first_requests_differ_by_the_studys_half_second() -> None:
@@ -124,7 +124,9 @@ def test_typical_difference_and_expected_range_match_brute_force() -> None:
     values = list(np.random.default_rng(5).normal(size=11))
     pairs = [abs(a - b) for a, b in itertools.combinations(values, 2)]
     assert typical_difference(values) == pytest.approx(float(np.median(pairs)))
+    assert mean_difference(values) == pytest.approx(float(np.mean(pairs)))
     ranges = [max(c) - min(c) for c in itertools.combinations(values, 8)]
     assert expected_range(values, 8) == pytest.approx(float(np.mean(ranges)))
     assert expected_range(values[:8], 8) == pytest.approx(max(values[:8]) - min(values[:8]))
     assert np.isnan(expected_range(values[:5], 8)) and np.isnan(typical_difference(values[:1]))
+    assert np.isnan(mean_difference(values[:1]))
