@@ -331,10 +331,10 @@ def test_committed_builds_are_accepted_by_the_emulated_server() -> None:
                     "python": sys.executable, "build_path": build.path, "rank": host.rank,
                     "world_size": group.world_size, "rank0_address": group.rank0.address,
                     "address": host.address, "port": inventory.server.http_port,
-                    "flags": [*build.flags, *scenario.server_flags]})
+                    "flags": [*build.flags, *scenario.server_flags], "seed": 4_294_967_295})
                 assert argv[:3] == [sys.executable, "-m", "cache_qualify.sim.server"]
                 parsed = parse_args(argv[3:])
-                assert (parsed.rank, parsed.host) == (host.rank, host.address)
+                assert (parsed.rank, parsed.host, parsed.sim_seed) == (host.rank, host.address, 4_294_967_295)
                 assert parsed.rank0_address == f"127.0.0.11:{inventory.server.http_port}"
 
 

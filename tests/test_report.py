@@ -26,7 +26,7 @@ from cache_qualify.errors import SamplesError
 from cache_qualify.report.markdown import estimate, fmt, show
 from cache_qualify.report.provenance import provenance
 from cache_qualify.report.render import render_run, verdict_table
-from cache_qualify.report.rundata import load_run
+from cache_qualify.report.rundata import load_run, scenario_description
 from cache_qualify.samples.store import OK, START_FAILED, SampleStore, TrialRow, new_attempt
 from cache_qualify.config.scenario import find_scenario
 from cache_qualify.stats.verdict import Assertion, evaluate
@@ -426,3 +426,22 @@ def test_missing_plan_and_damaged_verdicts_are_explained(copied_run: Path) -> No
     (copied_run / "plan.json").unlink()
     with pytest.raises(SamplesError, match=r"plan\.json does not exist; every run writes it"):
         render_run(copied_run)
+
+
+def test_the_summary_shows_the_scenarios_description_from_the_file_the_run_used(tmp_path: Path) -> None:
+    run = write_run(tmp_path, failing=False)
+    scenario_file = tmp_path / f"{SCENARIO}.yaml"
+    shutil.copy(find_scenario(SCENARIO), scenario_file)
+    plan = json.loads((run.path / "plan.json").read_text(encoding="utf-8"))
+    plan.update(scenario_files={SCENARIO: str(scenario_file)},
+                scenario_sha256={SCENARIO: hashlib.sha256(scenario_file.read_bytes()).hexdigest()})
+    (run.path / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
+    render_run(run.path)
+    summary = " ".join((run.path / "summary.md").read_text(encoding="utf-8").split())
+    assert "without losing first-read hit rate or KV pages." in summary
+    assert scenario_description(load_run(run.path), SCENARIO).startswith("Five requests as in the")
+    scenario_file.write_text(scenario_file.read_text(encoding="utf-8") + "# edited after the run\n",
+                             encoding="utf-8")
+    assert scenario_description(load_run(run.path), SCENARIO) == ""   # not the file the run used
+    scenario_file.unlink()
+    assert scenario_description(load_run(run.path), SCENARIO) == ""
