@@ -18,9 +18,7 @@ from cache_qualify.config.scenario import find_scenario, load_scenario
 from cache_qualify.sim.calibration import measure
 from cache_qualify.sim.noise import PROFILES, draw_start
 from cache_qualify.trials.seeds import start_seed
-from tests.labfixtures import inventory_port, wait_no_sim_processes, write_inventory
-
-pytestmark = pytest.mark.slow
+from tests.labfixtures import REPO, inventory_port, wait_no_sim_processes, write_inventory
 
 LOWERED = ["--sim-policy", "set4", "--host-system-share", "40"]
 
@@ -48,6 +46,7 @@ def check_lines(output: str) -> list[str]:
     return [line.strip() for line in output.splitlines() if line.startswith("  ok ") or line.startswith("  OFF")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("build", "cache", "kv_check"), [
     ("set4", None, "KV pages at 1 GiB, lowered reserve"),
     ("set4", "4G", "KV pages at 4 GiB, lowered reserve"),
@@ -68,6 +67,7 @@ def test_noise_command_reproduces_the_studys_spreads(tmp_path: Path, build: str,
     assert wait_no_sim_processes(inventory_port(inventory)) == []
 
 
+@pytest.mark.slow
 def test_a_bad_start_is_one_outlying_trial_with_all_its_waits_high(tmp_path: Path) -> None:
     """Bad starts drawn at 30 % over 8 starts: the trials the model marks bad, and only they, wait ~4x
     on every request."""
@@ -89,6 +89,7 @@ def test_a_bad_start_is_one_outlying_trial_with_all_its_waits_high(tmp_path: Pat
     assert wait_no_sim_processes(inventory_port(path)) == []
 
 
+@pytest.mark.slow
 def test_drift_moves_the_wait_level_between_blocks(tmp_path: Path) -> None:
     """A drift of +-50 % over a 40 s period spreads the blocks' waits; without it (quiet) they stay level."""
     drifting = [*LOWERED, "--sim-noise", "quiet", "--sim-drift", "0.5", "--sim-drift-period-s", "40"]
@@ -107,3 +108,10 @@ def test_drift_moves_the_wait_level_between_blocks(tmp_path: Path) -> None:
     assert level["set4-quiet"] < 1.1, level
     assert level["set4-drifting"] > 1.4, level
     assert wait_no_sim_processes(inventory_port(path)) == []
+
+
+def test_noise_command_refuses_a_real_lab(capsys: pytest.CaptureFixture[str]) -> None:
+    status = cli_main(["noise", "--hosts", str(REPO / "examples" / "gb10-lab.yaml"), "--starts", "8"])
+    assert status == 2
+    assert "this command runs on the simulated lab: every host of the first group must use the local transport" \
+        in capsys.readouterr().err
