@@ -25,9 +25,10 @@ VERDICT_PROPERTIES = {"outcome", "baseline_mean", "candidate_mean", "difference"
                       "p_adjusted", "trials_baseline", "trials_candidate"}
 
 
-def qualify(tmp_path: Path, *args: str, seed: str = SEED) -> QualifyRun:
+def qualify(tmp_path: Path, *args: str, seed: str = SEED, timeout_s: float = 300.0) -> QualifyRun:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     inventory = write_inventory(tmp_path)
-    run = run_qualify(inventory, tmp_path / "reports", "--seed", seed, *args)
+    run = run_qualify(inventory, tmp_path / "reports", "--seed", seed, *args, timeout_s=timeout_s)
     assert wait_no_sim_processes(inventory_port(inventory)) == [], "an emulated server was left running"
     return run
 
@@ -120,7 +121,7 @@ def test_fatter_row_cache_fails_on_kv_pages(tmp_path: Path) -> None:
 def test_reread_4g_never_fails_two_builds_with_the_same_memory(tmp_path: Path) -> None:
     """At 4 GiB a start's KV pages vary by thousands: same-memory builds pass, or end inconclusive
     naming the trials a decision needs, but never fail."""
-    run = qualify(tmp_path, "--scenario", "reread-4g")
+    run = qualify(tmp_path, "--scenario", "reread-4g", timeout_s=900.0)   # up to 12 trials per build
     verdicts = json.loads((run.run_dir() / "verdicts.json").read_text())["scenarios"]["reread-4g"]
     assert {v["outcome"] for v in verdicts} <= {"pass", "inconclusive"}, verdicts
     assert run.returncode == (0 if all(v["outcome"] == "pass" for v in verdicts) else 1), run.output
