@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from cache_qualify.errors import HostKeyRejected, HostUnreachable, TransportError
+from cache_qualify.errors import ConfigError, HostKeyRejected, HostUnreachable, TransportError
 from cache_qualify.lab.transport import SshOptions, SshTransport
 from tests.sshd import (SshdInstance, SshdLab, SshdUnavailable, free_port, generate_key,
                         require_sshd)
@@ -86,10 +86,18 @@ def test_ssh_config_alias_resolves_hostname_port_user_and_identity(
 
 
 def test_missing_ssh_config_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(Exception, match=r"nowhere/ssh_config: the ssh config file cannot be "
-                                        r"read: No such file or directory"):
+    with pytest.raises(ConfigError, match=r"nowhere/ssh_config: the ssh config file \S+nowhere/ssh_config does "
+                                          r"not exist \(only the default ~/.ssh/config may be missing\)"):
         SshTransport("h1", "gb10-a", options=SshOptions(ssh_config=str(tmp_path / "nowhere"
                                                                        / "ssh_config")))
+
+
+def test_missing_default_ssh_config_is_empty_as_for_openssh(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ssh/config
+    transport = SshTransport("h1", "gb10-a", 2222, options=SshOptions(ssh_config="~/.ssh/config", user="q"))
+    assert (transport.endpoint.address, transport.endpoint.port, transport.endpoint.user) == ("gb10-a", 2222, "q")
+    assert transport.jump is None
 
 
 @pytest.fixture
