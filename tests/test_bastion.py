@@ -208,3 +208,34 @@ def test_a_runner_stopped_mid_trial_leaves_no_rank_session_or_forward(bastion: B
             proc.communicate()
     assert any(r["request"] == "A" for r in rows(reports / "stopped" / "samples.csv"))  # samples kept
     bastion.check_nothing_left()
+
+
+def test_example_preflight_without_an_ssh_config_reports_only_the_real_problems(tmp_path: Path) -> None:
+    """The shipped example on a runner with no ~/.ssh at all (and no network: an empty namespace): one
+    line for the missing key, one per unreachable host, the other checks of those hosts skipped."""
+    try:
+        offline = Netns("offline")
+    except NetnsUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        command = offline.argv(qualify_command(REPO / "examples" / "gb10-lab.yaml", tmp_path / "reports",
+                                               "--preflight-only"))
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "HOME": str(tmp_path)})
+    finally:
+        offline.delete()
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output[-4000:]
+    failed = sorted(line.split(" ")[1].split("::")[1] for line in output.splitlines() if line.startswith("FAILED "))
+    assert failed == ["test_reachable[gb10-a]", "test_reachable[gb10-b]", "test_reachable[gb10-c]",
+                      "test_ssh_identity"], output[-4000:]
+    assert "ERROR " not in output and "Traceback" not in output and "paramiko" not in output, output[-4000:]
+    run = QualifyRun(done.returncode, output, tmp_path / "reports")
+    messages = failures(run)
+    assert re.search(r"ConfigError: \S+/examples/gb10-lab.yaml: ssh.identity_file: the identity file "
+                     r"~/.ssh/cache-qualify does not exist on the runner; create it with `ssh-keygen",
+                     messages["test_ssh_identity"]), messages["test_ssh_identity"]
+    for name in ("gb10-a", "gb10-b", "gb10-c"):
+        assert re.search(rf"HostUnreachable: host {name}: cannot connect to jump host "
+                         rf"qualify@gb10-bastion.lab.example.com:22: ", messages[f"test_reachable[{name}]"])
+    assert re.search(r"4 failed, 12 skipped", output), output[-2000:]
