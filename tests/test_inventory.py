@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from cache_qualify.errors import InventoryError
-from cache_qualify.config.inventory import (Inventory, check_address, inventory_hash, json_schema, load_inventory,
+from cache_qualify.config.inventory import (Host, Inventory, check_address, inventory_hash, json_schema, load_inventory,
                                 render_argv, render_command)
 from cache_qualify.config.metricnames import MetricNames
 from tests.labfixtures import edited, write_file
@@ -354,6 +354,25 @@ def test_example_gb10_lab_loads() -> None:
     assert re.search(inventory.server.kv_pages.log_regex, "KV cache: 41358 pages of 128 tokens")
     assert inventory.server.drop_caches.startswith("sync && echo 3 | sudo -n tee /proc/sys/vm/drop_caches")
     assert inventory.baseline in inventory.builds and inventory.candidate in inventory.builds
+    # behind the jump host every rank's HTTP goes over its host's SSH connection, to the host's own address
+    for host in inventory.hosts:
+        where = inventory.addresses(host)
+        assert (where.http_route, where.listen, where.behind_jump) == ("ssh", host.address, True)
+
+
+def test_example_and_readme_describe_the_http_route() -> None:
+    example = (ROOT / "examples" / "gb10-lab.yaml").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Pointing the suite at a real lab", 1)[1].split("\n## ", 1)[0]
+    for text in (example, section):
+        for words in ("listen_address", "http_route", "forwarded over", "direct", "AllowTcpForwarding"
+                      if text is example else "TCP forwarding"):
+            assert words in text, words
+    # the example's commented alternatives for a host are valid hosts too
+    alternatives = re.findall(r"^#   (- \{name: gb10-a, .*\})$", example, re.M)
+    assert len(alternatives) == 2
+    for line in alternatives:
+        assert Host.model_validate(yaml.safe_load(line)[0]).name == "gb10-a"
 
 
 @pytest.mark.parametrize(("kind", "file"), [("inventory", "inventory.schema.json"),
