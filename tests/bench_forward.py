@@ -15,11 +15,12 @@ import tempfile
 from pathlib import Path
 
 from tests.labfixtures import REPO, write_inventory
-from tests.sshd import SshdLab
+from tests.sshd import SshdInstance, SshdLab
 
 
-def forwarded_lab(lab: SshdLab, folder: Path) -> Path:
-    """An inventory of three loopback sshd hosts behind a loopback jump host (so HTTP goes over SSH)."""
+def forwarded_lab(lab: SshdLab, folder: Path) -> tuple[Path, list[SshdInstance]]:
+    """An inventory of three loopback sshd hosts behind a loopback jump host (so HTTP goes over SSH),
+    and the four sshd instances (to stop)."""
     jump = lab.start("bench-jump")
     instances = [lab.start(f"bench-{c}") for c in "abc"]
     known_hosts = lab.known_hosts(folder / "known_hosts", jump, *instances)
@@ -28,14 +29,14 @@ def forwarded_lab(lab: SshdLab, folder: Path) -> Path:
     ssh = {"user": lab.user, "identity_file": str(lab.client_key), "use_agent": False, "ssh_config": None,
            "known_hosts": [str(known_hosts)], "connect_timeout_s": 5, "command_timeout_s": 60,
            "jump": {"address": jump.address, "port": jump.port}}
-    return write_inventory(folder, hosts=hosts, ssh=ssh)
+    return write_inventory(folder, hosts=hosts, ssh=ssh), [jump, *instances]
 
 
 def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-forward-") as scratch:
         lab = SshdLab(Path(scratch))
         try:
-            inventory = forwarded_lab(lab, Path(scratch))
+            inventory, _ = forwarded_lab(lab, Path(scratch))
             return subprocess.run([sys.executable, "-m", "cache_qualify.cli", "bench-harness", "--hosts",
                                    str(inventory), *argv], cwd=REPO).returncode
         finally:

@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -239,3 +241,33 @@ def test_example_preflight_without_an_ssh_config_reports_only_the_real_problems(
         assert re.search(rf"HostUnreachable: host {name}: cannot connect to jump host "
                          rf"qualify@gb10-bastion.lab.example.com:22: ", messages[f"test_reachable[{name}]"])
     assert re.search(r"4 failed, 12 skipped", output), output[-2000:]
+
+
+def test_a_lab_opens_one_forward_per_host_and_closes_them_all(sshd_lab: SshdLab, tmp_path: Path) -> None:
+    """In the runner's own process (hosts on loopback behind a jump host): the lab opens each rank's
+    route with the connections, reports the port free over it, and closing the lab ends every forward."""
+    from cache_qualify.config.inventory import load_inventory
+    from cache_qualify.lab.control import Lab
+    from tests.bench_forward import forwarded_lab
+
+    path, instances = forwarded_lab(sshd_lab, tmp_path)
+    inventory = load_inventory(path)
+    group = inventory.groups_resolved()[0]
+    lab = Lab(inventory, group, run_id="routes").open()
+    try:
+        routes = [lab.routes[h.name] for h in group.hosts]
+        assert [r.route for r in routes] == ["ssh"] * 3
+        assert len({r.base_url for r in routes}) == 3 and all(r.base_url.startswith("http://127.0.0.1:") for r in routes)
+        assert [r.target for r in routes] == [f"{h.address}:{inventory.server.http_port}" for h in group.hosts]
+        assert "forwarded over SSH to" in str(routes[0])
+        assert [lab.http_port_open(h) for h in group.hosts] == [False] * 3
+        assert len([t for t in threading.enumerate() if t.name.startswith("forward-")]) == 3
+    finally:
+        lab.close()
+        for instance in instances:
+            instance.stop()
+    assert [t.name for t in threading.enumerate() if t.name.startswith("forward-")] == []
+    for route in routes:
+        port = int(route.base_url.rsplit(":", 1)[1])
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2.0).close()

@@ -69,8 +69,12 @@ def test_missing_inventory_is_a_clear_error(tmp_path: Path) -> None:
 
 @pytest.mark.sshd
 def test_reports_the_forwarded_routes_cost_against_direct_gets(sshd_lab: SshdLab, tmp_path: Path) -> None:
-    inventory = forwarded_lab(sshd_lab, tmp_path)
-    done = bench("--hosts", str(inventory), "--passes", "1", "--snapshots", "5")
+    inventory, instances = forwarded_lab(sshd_lab, tmp_path)
+    try:
+        done = bench("--hosts", str(inventory), "--passes", "1", "--snapshots", "5")
+    finally:
+        for instance in instances:
+            instance.stop()
     assert done.returncode == 0, done.stderr
     out = done.stdout
     line = re.search(rf"^HTTP route: ssh \(a local port forwarded over each host's SSH connection; every figure "
