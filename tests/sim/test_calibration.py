@@ -113,5 +113,5 @@ def test_drift_moves_the_wait_level_between_blocks(tmp_path: Path) -> None:
 def test_noise_command_refuses_a_real_lab(capsys: pytest.CaptureFixture[str]) -> None:
     status = cli_main(["noise", "--hosts", str(REPO / "examples" / "gb10-lab.yaml"), "--starts", "8"])
     assert status == 2
-    assert "this command runs on the simulated lab: every host of the first group must use the local transport" \
+    assert "`cache-qualify noise` measures the simulated lab, whose hosts use the local transport (found gb10-a: ssh" \
         in capsys.readouterr().err
