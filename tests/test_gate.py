@@ -25,7 +25,7 @@ VERDICT_PROPERTIES = {"outcome", "baseline_mean", "candidate_mean", "difference"
                       "p_adjusted", "trials_baseline", "trials_candidate"}
 
 
-def qualify(tmp_path: Path, *args: str, seed: str = SEED, timeout_s: float = 300.0) -> QualifyRun:
+def qualify(tmp_path: Path, *args: str, seed: str = SEED, timeout_s: float = 600.0) -> QualifyRun:
     tmp_path.mkdir(parents=True, exist_ok=True)
     inventory = write_inventory(tmp_path)
     run = run_qualify(inventory, tmp_path / "reports", "--seed", seed, *args, timeout_s=timeout_s)
