@@ -54,8 +54,9 @@ def committed_inventory() -> dict[str, Any]:
 def write_inventory(tmp_path: Path, *, name: str = "hosts.yaml", hosts: list[dict[str, Any]] | None = None,
                     groups: list[dict[str, Any]] | None = None, ssh: Mapping[str, Any] | None = None,
                     server: Mapping[str, Any] | None = None, builds: Mapping[str, Mapping[str, Any]] | None = None,
-                    baseline: str | None = None, candidate: str | None = None) -> Path:
-    """An inventory like the committed one with a free port, its own run folder and absolute paths."""
+                    baseline: str | None = None, candidate: str | None = None, noise: str | None = None) -> Path:
+    """An inventory like the committed one with a free port, its own run folder and absolute paths;
+    `noise` names the emulated server's noise profile of every build (default: the calibrated one)."""
     data = committed_inventory()
     addresses = [h["address"] for h in (hosts or data["hosts"])]
     # a port given in `server` is not probed here (hosts behind a jump host cannot be)
@@ -64,6 +65,7 @@ def write_inventory(tmp_path: Path, *, name: str = "hosts.yaml", hosts: list[dic
                           **{k: v for k, v in (server or {}).items() if k != "http_port"})
     for build in data["builds"].values():
         build["path"] = str(REPO / build["path"])
+        build["flags"] = [*build["flags"], *(("--sim-noise", noise) if noise else ())]
     data["builds"].update({k: dict(v) for k, v in (builds or {}).items()})
     if hosts is not None:
         data["hosts"] = hosts
