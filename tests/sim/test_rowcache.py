@@ -180,6 +180,9 @@ def test_one_call_replay_matches_the_reference_gather_by_gather(
     assert got == expected
     assert fast.counters() == reference.counters()
     whole = GatherTrace.of([np.array(g, dtype=np.uint64) for g in trace])
+    counted = RowCache(policy, sets * ways, seed=seed, sketch_bytes=sketch_bytes, halve_after=halve_after)
+    assert counted.replay(whole.rows, whole.bounds, per_gather=False).size == 0
+    assert counted.counters() == reference.counters()
     assert naive_replay(policy, sets * ways, whole.rows, whole.bounds, seed=seed,
                         sketch_bytes=sketch_bytes, halve_after=halve_after) == reference.counters()
 
