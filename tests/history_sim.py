@@ -36,12 +36,12 @@ AFTER = (1, 2, 3)   # runs after the step when the series is looked at
 MEAN, SD = HIT_RATE.mean, HIT_RATE.sd
 
 
-def quiet_series(rng: np.random.Generator, runs: int = QUIET_RUNS) -> list[np.ndarray]:
-    return [rng.normal(MEAN, SD, STARTS) for _ in range(runs)]
+def quiet_series(rng: np.random.Generator, runs: int = QUIET_RUNS) -> list[Sequence[float]]:
+    return [list(rng.normal(MEAN, SD, STARTS)) for _ in range(runs)]
 
 
-def step_series(rng: np.random.Generator, after: int) -> list[np.ndarray]:
-    return quiet_series(rng, BEFORE) + [rng.normal(MEAN + STEP_SD * SD, SD, STARTS) for _ in range(after)]
+def step_series(rng: np.random.Generator, after: int) -> list[Sequence[float]]:
+    return quiet_series(rng, BEFORE) + [list(rng.normal(MEAN + STEP_SD * SD, SD, STARTS)) for _ in range(after)]
 
 
 @dataclass(frozen=True)
@@ -80,9 +80,10 @@ def measure(series: int, *, seed: int, after: Sequence[int] = AFTER) -> Rates:
 SCENARIO, REQUEST, METRIC = "reread-1g", "B-new-start", "hit_rate"
 
 
-def write_run(reports: Path, run_id: str, created: datetime, values: dict[str, Sequence[float]]) -> Path:
+def write_run(reports: Path, run_id: str, created: datetime, values: dict[str, Sequence[float]],
+              ref: str | None = None) -> Path:
     """A finished run folder whose builds' starts measured `values` (hit rate on B new start, all
-    hosts), written by the suite's own writers."""
+    hosts), written by the suite's own writers; its builds were made from `ref`."""
     run_dir = reports / run_id
     builds = list(values)
     runfolder.create(run_dir, {"run_id": run_id, "seed": 0, "lab": "simulated-gb10", "baseline": builds[0],
@@ -100,15 +101,20 @@ def write_run(reports: Path, run_id: str, created: datetime, values: dict[str, S
             store.add_trial(TrialRow(run_id, SCENARIO, build, trial, trial, builds.index(build), attempt, OK, "",
                                      1.0, 41_300, stamp, stamp))
     (run_dir / f"verdicts-{SCENARIO}.json").write_text("[]\n", encoding="utf-8")
+    roles = {builds[0]: "baseline", builds[-1]: "candidate"}
+    (run_dir / "provenance.json").write_text(json.dumps(
+        {"run_id": run_id, "builds": {b: {"role": roles[b], "ref": ref, "flags": []} for b in builds}}),
+        encoding="utf-8")
     (run_dir / "verdicts.json").write_text(json.dumps(merged_verdicts(load_run(run_dir))), encoding="utf-8")
     return run_dir
 
 
-def write_series(reports: Path, series: Sequence[np.ndarray], *, build: str = "set4",
+def write_series(reports: Path, series: Sequence[Sequence[float]], *, build: str = "set4",
                  prefix: str = "run") -> list[Path]:
-    """One run folder per run of `series`, a day apart, in order."""
+    """One run folder per run of `series`, a day apart, in order; run i's build is made from ref `ci`
+    (one commit per run, as a pre-merge gate sees them)."""
     start = datetime(2026, 1, 1, tzinfo=timezone.utc)
-    return [write_run(reports, f"{prefix}{i:03d}", start + timedelta(days=i), {build: list(values)})
+    return [write_run(reports, f"{prefix}{i:03d}", start + timedelta(days=i), {build: list(values)}, f"c{i}")
             for i, values in enumerate(series)]
 
 
@@ -119,6 +125,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print(json.dumps(measure(args.series, seed=args.seed).as_dict(), indent=2))
     return 0
+
+
+__all__ = ["ALPHA", "BEFORE", "MEAN", "SD", "STEP_SD", "Rates", "measure", "quiet_series", "step_series",
+           "write_run", "write_series"]
 
 
 if __name__ == "__main__":

@@ -71,8 +71,11 @@ def postgres_server() -> Iterator[Postgres]:
         shutil.chown(folder, user=owner)
     data, log = folder / "data", folder / "server.log"
     port = free_port(["127.0.0.1"])
-    run = lambda *args: subprocess.run(_as_owner([str(a) for a in args], owner), check=True,  # noqa: E731
-                                       capture_output=True, text=True, timeout=120)
+
+    def run(*args: object) -> None:
+        subprocess.run(_as_owner([str(a) for a in args], owner), check=True, capture_output=True, text=True,
+                       timeout=120)
+
     try:
         try:
             run(bin_dir / "initdb", "-D", data, "-A", "trust", "-U", SUPERUSER, "--no-sync")

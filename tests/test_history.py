@@ -115,26 +115,32 @@ def test_two_writers_at_once_both_land_complete(tmp_path: Path, history_url: str
     assert sorted(values.groupby("build").size().items()) == [("set4", 24), ("two_choice", 24)]
 
 
-def test_change_found_at_the_step_and_none_without(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rng = np.random.default_rng(11)
-    stepped = history_sim.write_series(tmp_path / "step", history_sim.step_series(rng, 3))
-    quiet = history_sim.write_series(tmp_path / "quiet", history_sim.quiet_series(rng))
-    for folders, reports in ((stepped, tmp_path / "step"), (quiet, tmp_path / "quiet")):
-        cli(capsys, "history", "import", "--reports-dir", str(reports), *map(str, folders))
-    found = json_lines(cli(capsys, "history", "changes", "--json", "--build", "set4", "--reports-dir",
-                           str(tmp_path / "step")))
-    assert [(c["run_before"], c["run_after"], c["metric"], c["request"]) for c in found] == [
-        ("run019", "run020", "hit_rate", "B-new-start")], found
+@pytest.fixture(scope="module")
+def stepped(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A reports folder of 23 runs whose hit rate steps up by 2 sd at the 21st, imported into its
+    default history."""
+    reports = tmp_path_factory.mktemp("stepped")
+    folders = history_sim.write_series(reports, history_sim.step_series(np.random.default_rng(11), 3))
+    assert main(["history", "import", "--reports-dir", str(reports), *map(str, folders)]) == 0
+    return reports
+
+
+def test_change_found_at_the_step_and_none_without(stepped: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    quiet = history_sim.write_series(tmp_path, history_sim.quiet_series(np.random.default_rng(12)))
+    cli(capsys, "history", "import", "--reports-dir", str(tmp_path), *map(str, quiet))
+    found = json_lines(cli(capsys, "history", "changes", "--json", "--build", "set4", "--reports-dir", str(stepped)))
+    assert [(c["run_before"], c["run_after"], c["ref_before"], c["ref_after"], c["metric"], c["request"])
+            for c in found] == [("run019", "run020", "c19", "c20", "hit_rate", "B-new-start")], found
     change = found[0]
     assert float(change["p_value"]) <= 0.01  # type: ignore[arg-type]
     assert math.isclose(float(change["mean_after"]) - float(change["mean_before"]),  # type: ignore[arg-type]
                         history_sim.STEP_SD * history_sim.SD, rel_tol=0.5)
-    table = cli(capsys, "history", "changes", "--build", "set4", "--reports-dir", str(tmp_path / "step"))
-    assert "run019 / run020" in table and "1 change point(s)" in table
+    table = cli(capsys, "history", "changes", "--build", "set4", "--reports-dir", str(stepped))
+    assert "run019 / run020" in table and "c19 / c20" in table and "1 change point(s)" in table
     assert json_lines(cli(capsys, "history", "changes", "--json", "--build", "set4", "--reports-dir",
-                          str(tmp_path / "quiet"))) == []
-    trend = json_lines(cli(capsys, "history", "trend", "--json", "--build", "set4", "--reports-dir",
-                           str(tmp_path / "step")))
+                          str(tmp_path))) == []
+    trend = json_lines(cli(capsys, "history", "trend", "--json", "--build", "set4", "--reports-dir", str(stepped)))
     assert len(trend) == 23 and all(r["ci_low"] < r["mean"] < r["ci_high"] for r in trend)  # type: ignore[operator]
 
 
@@ -149,8 +155,9 @@ def test_change_point_rates_hold_quick() -> None:
 
 def test_plan_sizes_from_the_past_noise_within_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rng = np.random.default_rng(6)
-    series = [values + shift for values, shift in zip(history_sim.quiet_series(rng, 5), (0, 0.01, -0.01, 0.02, 0))]
-    folders = history_sim.write_series(tmp_path, series)
+    series = [np.asarray(values) + shift
+              for values, shift in zip(history_sim.quiet_series(rng, 5), (0, 0.01, -0.01, 0.02, 0))]
+    folders = history_sim.write_series(tmp_path, [list(v) for v in series])
     cli(capsys, "history", "import", "--reports-dir", str(tmp_path), *map(str, folders))
     out = cli(capsys, "plan", "--history", default_url(tmp_path), "--scenario", "reread-1g", "--effect", "0.002",
               "--alpha", "0.01", "--json")
@@ -185,12 +192,10 @@ def chromium() -> object:
     return webdriver.Chrome(service=Service(driver), options=options)
 
 
-def test_page_loads_in_a_browser_with_every_run_and_its_plots(tmp_path: Path,
+def test_page_loads_in_a_browser_with_every_run_and_its_plots(stepped: Path, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    rng = np.random.default_rng(11)
-    folders = history_sim.write_series(tmp_path / "reports", history_sim.step_series(rng, 3))
-    cli(capsys, "history", "import", "--reports-dir", str(tmp_path / "reports"), *map(str, folders))
-    out = cli(capsys, "history", "html", str(tmp_path / "page"), "--reports-dir", str(tmp_path / "reports"))
+    folders = sorted(p for p in stepped.iterdir() if p.is_dir())
+    out = cli(capsys, "history", "html", str(tmp_path / "page"), "--reports-dir", str(stepped))
     page = Path(out.strip())
     assert page == tmp_path / "page" / "index.html"
     driver = chromium()
