@@ -215,3 +215,23 @@ def test_page_loads_in_a_browser_with_every_run_and_its_plots(stepped: Path, tmp
         assert errors == []
     finally:
         driver.quit()  # type: ignore[attr-defined]
+
+
+def test_history_url_from_the_inventory_or_the_command_line_is_checked(tmp_path: Path) -> None:
+    from cache_qualify.config.inventory import load_inventory
+    from cache_qualify.errors import InventoryError
+    from tests.labfixtures import REPO, qualify_command, write_inventory
+
+    inventory = write_inventory(tmp_path)
+    text = inventory.read_text(encoding="utf-8")
+    inventory.write_text(text + "history: postgresql://runner@db.lab/qualify\n", encoding="utf-8")
+    assert load_inventory(inventory).history == "postgresql://runner@db.lab/qualify"
+    inventory.write_text(text + "history: db.lab/qualify\n", encoding="utf-8")
+    with pytest.raises(InventoryError, match=r"hosts.yaml:\d+: history: .*expected a SQLAlchemy URL such as "
+                                             r"postgresql://.*found 'db.lab/qualify'"):
+        load_inventory(inventory)
+    inventory.write_text(text, encoding="utf-8")
+    proc = subprocess.run(qualify_command(inventory, tmp_path / "reports", "--history", "nosuchdb://x/y"),
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4, proc.stdout + proc.stderr  # refused before any lab time
+    assert "no driver for 'nosuchdb'" in proc.stdout + proc.stderr
