@@ -147,10 +147,11 @@ def test_change_found_at_the_step_and_none_without(stepped: Path, tmp_path: Path
 def test_change_point_rates_hold_quick() -> None:
     """The rates docs/history.md states (`python -m tests.history_sim`), on fewer series: false alarms
     at most alpha (up to binomial noise), a 2 sd step found at its run within 3 runs in 90 %."""
-    rates = history_sim.measure(120, seed=2, after=(3,))
-    assert rates.false_alarms <= binomial_bound(120, history_sim.ALPHA), rates
-    assert rates.found_near[3] >= 0.9 * 120, rates
-    assert rates.found_exact[3] >= 0.8 * 120, rates
+    series = 100
+    rates = history_sim.measure(series, seed=2, after=(3,))
+    assert rates.false_alarms <= binomial_bound(series, history_sim.ALPHA), rates
+    # measured on 1000 series: 93.5 % at the step's run, 98.8 % within one run
+    assert rates.found_exact[3] >= 0.85 * series and rates.found_near[3] >= 0.93 * series, rates
 
 
 def test_plan_sizes_from_the_past_noise_within_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
