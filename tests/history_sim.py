@@ -40,6 +40,27 @@ def quiet_series(rng: np.random.Generator, runs: int = QUIET_RUNS) -> list[Seque
     return [list(rng.normal(MEAN, SD, STARTS)) for _ in range(runs)]
 
 
+# other noise for the false-alarm rate: heavy tails (Student t, 3 degrees of freedom, scaled to SD),
+# and runs that are off as a whole (a between-run sd of half the start-to-start sd), which the
+# permutation of starts does not model
+def _heavy_tails(rng: np.random.Generator) -> np.ndarray:
+    return MEAN + SD * rng.standard_t(3, STARTS)
+
+
+def _run_effect(rng: np.random.Generator) -> np.ndarray:
+    return MEAN + SD * (0.5 * rng.normal() + rng.normal(size=STARTS))
+
+
+NOISE = {"heavy tails (t3)": _heavy_tails, "run effect 0.5 sd": _run_effect}
+
+
+def other_noise_false_alarms(series: int, *, seed: int) -> dict[str, float]:
+    rng = np.random.default_rng(seed)
+    return {name: sum(bool(change_points([list(draw(rng)) for _ in range(QUIET_RUNS)], seed=i))
+                      for i in range(series)) / series
+            for name, draw in NOISE.items()}
+
+
 def step_series(rng: np.random.Generator, after: int) -> list[Sequence[float]]:
     return quiet_series(rng, BEFORE) + [list(rng.normal(MEAN + STEP_SD * SD, SD, STARTS)) for _ in range(after)]
 
@@ -123,11 +144,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--series", type=int, default=1000, help="series per case (default 1000)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.series, seed=args.seed).as_dict(), indent=2))
+    figures = measure(args.series, seed=args.seed).as_dict()
+    figures["false_alarm_rate_other_noise"] = other_noise_false_alarms(args.series, seed=args.seed)
+    print(json.dumps(figures, indent=2))
     return 0
 
 
-__all__ = ["ALPHA", "BEFORE", "MEAN", "SD", "STEP_SD", "Rates", "measure", "quiet_series", "step_series",
+__all__ = ["ALPHA", "BEFORE", "MEAN", "SD", "STEP_SD", "Rates", "measure", "other_noise_false_alarms",
+           "quiet_series", "step_series",
            "write_run", "write_series"]
 
 
