@@ -138,7 +138,6 @@ def test_sigkilled_runner_leaves_no_server_and_no_lock(tmp_path: Path) -> None:
         from cache_qualify.config.inventory import load_inventory
         from cache_qualify.lab.control import Lab
         from cache_qualify.lab.server import ServerGroup
-from cache_qualify.trials.measure import read_kv_pages
         inv = load_inventory({str(path)!r})
         lab = Lab(inv, inv.groups_resolved()[0], run_id="doomed").open()
         server = ServerGroup(lab, "set4", inv.build("set4"), flags={list(FLAGS)!r})
