@@ -54,11 +54,11 @@ def _run_effect(rng: np.random.Generator) -> np.ndarray:
 NOISE = {"heavy tails (t3)": _heavy_tails, "run effect 0.5 sd": _run_effect}
 
 
-def other_noise_false_alarms(series: int, *, seed: int) -> dict[str, float]:
+def other_noise_false_alarms(series: int, *, seed: int, kinds: Sequence[str] = tuple(NOISE)) -> dict[str, float]:
     rng = np.random.default_rng(seed)
-    return {name: sum(bool(change_points([list(draw(rng)) for _ in range(QUIET_RUNS)], seed=i))
+    return {name: sum(bool(change_points([list(NOISE[name](rng)) for _ in range(QUIET_RUNS)], seed=i))
                       for i in range(series)) / series
-            for name, draw in NOISE.items()}
+            for name in kinds}
 
 
 def step_series(rng: np.random.Generator, after: int) -> list[Sequence[float]]:
