@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.labfixtures import REPO, wait_no_sim_processes, write_inventory
+from tests.bench_forward import forwarded_lab
+from tests.labfixtures import REPO, inventory_port, wait_no_sim_processes, write_inventory
+from tests.sshd import SshdLab
 
 NUMBER = r"\d+(?:\.\d+)?"
 REQUESTS = ("A", "A-new-start", "B", "B-new-start", "A-third-read")
@@ -98,3 +100,27 @@ def test_lifecycle_prints_a_row_per_trial_and_the_medians(tmp_path: Path) -> Non
         assert re.search(rf"^{label} +(?:{NUMBER} +){{7}}{NUMBER}x$", out, re.M), out
     assert re.search(rf"^lifecycle overhead per trial: {NUMBER} s \(target <= 1 s.*\); beyond the ranks' own "
                      rf"setup: -?{NUMBER} s$", out, re.M), out
+
+
+@pytest.mark.sshd
+def test_reports_the_forwarded_routes_cost_against_direct_gets(sshd_lab: SshdLab, tmp_path: Path) -> None:
+    inventory, instances = forwarded_lab(sshd_lab, tmp_path)
+    try:
+        done = bench("--hosts", str(inventory), "--passes", "1", "--snapshots", "5")
+    finally:
+        for instance in instances:
+            instance.stop()
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    line = re.search(rf"^HTTP route: ssh \(a local port forwarded over each host's SSH connection; every figure "
+                     rf"above went through it\); one GET of rank 0's /metrics: median ({NUMBER}) ms forwarded, "
+                     rf"({NUMBER}) ms direct: ([+-]{NUMBER}) ms per exchange$", out, re.M)
+    assert line, out
+    forwarded, direct, extra = (float(line.group(i)) for i in (1, 2, 3))
+    assert abs(extra - (forwarded - direct)) < 0.02
+    share = re.search(rf"^forward: 15 exchanges per trial x ({NUMBER}) ms = ({NUMBER}) ms of one trial "
+                      rf"\(({NUMBER}) s\) = ({NUMBER}) % \(target < 2 %\)$", out, re.M)
+    assert share, out
+    per, total, trial, percent = (float(share.group(i)) for i in (1, 2, 3, 4))
+    assert abs(total - 15 * per) < 0.1 and abs(percent - total / (10 * trial)) < 0.01
+    assert wait_no_sim_processes(inventory_port(inventory)) == []
