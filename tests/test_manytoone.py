@@ -100,14 +100,15 @@ def test_a_failed_candidate_stops_receiving_starts_while_others_continue() -> No
 def test_one_candidate_keeps_running_until_every_assertion_is_decided() -> None:
     """Alone, a failed assertion does not stop the run: the others are still decided (as before)."""
     failing = LAB[0].assertion
-    kv = LAB[4]
+    kv = LAB[4].assertion
     looks = (3, 4, 5)
-    rng = np.random.default_rng(2)
-    base = {failing.id: rng.normal(0.86, 0.001, 5), kv.assertion.id: rng.normal(kv.mean, 3000.0, 5)}
-    cand = {failing.id: rng.normal(0.85, 0.001, 5), kv.assertion.id: rng.normal(kv.mean, 3000.0, 5)}
-    arms = Tournament(["only"], [failing, kv.assertion], alpha=ALPHA, looks=looks)
-    arms.look(1, {"only": {a: (base[a][:3], cand[a][:3]) for a in base}})
-    assert arms.decisions["only"].outcome == "fail" and arms.running == ["only"]
+    # the hit rate is clearly worse; KV pages sit within the margin but too noisy to show it yet
+    base = {failing.id: [0.861, 0.860, 0.859], kv.id: [41_300.0, 41_000.0, 41_600.0]}
+    cand = {failing.id: [0.851, 0.850, 0.849], kv.id: [41_310.0, 41_010.0, 41_610.0]}
+    arms = Tournament(["only"], [failing, kv], alpha=ALPHA, looks=looks)
+    arms.look(1, {"only": {a: (base[a], cand[a]) for a in base}})
+    assert [v.outcome for v in arms.verdicts("only")] == ["fail", "inconclusive"]
+    assert arms.running == ["only"] and not arms.stopped
 
 
 def test_ranking_and_recommendation() -> None:
