@@ -99,6 +99,16 @@ def test_plan_from_the_emulators_prediction(capsys: pytest.CaptureFixture[str]) 
     assert reread["trials_per_build"] <= 3
 
 
+def test_plan_sizes_a_tournament_from_the_emulator(capsys: pytest.CaptureFixture[str]) -> None:
+    """Starts per arm for two candidates at once: each sized on the scenario's gains, the baseline shared."""
+    assert main(["plan", "--emulate", "--baseline", "set4", "--candidate", "set8,two_choice", "--seeds", "2",
+                 "--alpha", "0.01", "--family-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "## Candidate set8 (vs set4)" in out and "## Candidate two_choice (vs set4)" in out
+    assert "| set4 (baseline, shared) | 2 |\n| set8 | 2 |\n| two_choice | 2 |" in out
+    assert "6 server starts in one run against 8 in one two-arm run per candidate (25% fewer)." in out
+
+
 def test_plan_emulate_needs_two_policies(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--emulate", "--baseline", "set4", "--candidate", "set4"]) == 2
     assert "`--emulate` needs two different policies" in capsys.readouterr().err

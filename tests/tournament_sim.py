@@ -62,7 +62,7 @@ def tournament(noise: Sequence[Noise], effects: Sequence[Sequence[float]], desig
             trials[c] = n
         if not arms.running:
             break
-    outcomes = {c: arms.decisions[c].outcome for c in names}
+    outcomes = {c: str(arms.decisions[c].outcome) for c in names}
     starts, separate = tournament_starts([trials[c] for c in names])
     return TournamentRun(outcomes, trials, starts, separate)
 
