@@ -149,12 +149,17 @@ AA_SEQUENTIAL = Design(3, 13)
 LARGE = Design(3, 13)          # the RowCache study's hit rate 86 % -> 99 %
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.stats_sim", description=__doc__.splitlines()[0])
+def arguments(module: str, doc: str | None, argv: Sequence[str] | None) -> argparse.Namespace:
+    """--runs, --alpha and --seed of a harness run as ``python -m <module>``."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=(doc or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--alpha", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=1)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = arguments("tests.stats_sim", __doc__, argv)
     runs, alpha = args.runs, args.alpha
     bound = binomial_bound(runs, alpha)
     print(f"{runs} runs per row, alpha {alpha}; A/A may declare a gain at most {bound} times "

@@ -20,7 +20,6 @@ docs/statistics.md; tests/test_manytoone.py checks quick versions.
 
 from __future__ import annotations
 
-import argparse
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ import numpy as np
 
 from cache_qualify.stats.manytoone import Mode, Tournament, tournament_starts
 from cache_qualify.stats.verdict import VerdictWarning
-from tests.stats_sim import HIT_RATE, LAB, Design, Noise, binomial_bound, moderate_effect
+from tests.stats_sim import HIT_RATE, LAB, Design, Noise, arguments, binomial_bound, moderate_effect
 
 BASELINE = "baseline"
 
@@ -156,18 +155,13 @@ MODERATE_FIXED = Design(10)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.tournament_sim", description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=2000)
-    parser.add_argument("--alpha", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=1)
-    args = parser.parse_args(argv)
-    runs, alpha = args.runs, args.alpha
-    bound = binomial_bound(runs, alpha)
-    print(f"{runs} runs per row, alpha {alpha}, three candidates; a rate of alpha gives at most {bound} "
-          f"({bound / runs:.2%}, the 99 % binomial bound)\n")
-    print("| case | mode | design | passes per candidate | any candidate passes | starts: tournament "
-          "/ separate two-arm runs | fewer starts |")
-    print("|---|---|---|---|---|---|---|")
+    args = arguments("tests.tournament_sim", __doc__, argv)
+    runs, alpha, bound = args.runs, args.alpha, binomial_bound(args.runs, args.alpha)
+    print("\n".join([f"{runs} runs per row, alpha {alpha}, three candidates; a rate of alpha gives at most "
+                     f"{bound} ({bound / runs:.2%}, the 99 % binomial bound)", "",
+                     "| case | mode | design | passes per candidate | any candidate passes "
+                     "| starts: tournament / separate two-arm runs | fewer starts |",
+                     "|---|---|---|---|---|---|---|"]))
     one, lab, study = [HIT_RATE], list(LAB), scenario_noise()
     rows: list[tuple[str, Sequence[Noise], Mode, Design, list[list[float]]]] = [
         ("A/A x 3, one hit-rate gain", one, "gate", FIXED, null_effects(1)),
