@@ -106,3 +106,32 @@ def test_tournament_exits_zero_when_one_candidate_passes(tmp_path: Path) -> None
     assert "Mode: **screening**" in summary and "## Scenario `reread-1g`: PASS" in summary
     assert summary.rstrip().endswith("**Recommendation: `two_choice`**, the best-ranked candidate that passes "
                                      "every assertion.")
+
+
+def _verdict(arm: str, aid: str, outcome: str, difference: float, higher: bool = True) -> dict[str, object]:
+    metric, rest = aid.split("-", 1)
+    return {"arm": arm, "id": aid, "metric": metric, "kind": rest.split("[", 1)[0], "higher_is_better": higher,
+            "outcome": outcome, "difference": difference, "ci_low": difference - abs(difference) / 10,
+            "ci_high": difference + abs(difference) / 10}
+
+
+def test_recommendation_says_when_no_candidate_passes(tmp_path: Path) -> None:
+    """Ranked by the primary gain even when it is a lower-is-better one; no pass, no recommendation."""
+    from cache_qualify.report.rundata import RunData
+    from cache_qualify.report.tournament import recommendation
+
+    primary, kv = "readiness_wait_ns-gain[B-new-start]", "kv_pages-no_regression[startup]"
+    verdicts = [_verdict("slow", primary, "fail", 2e8, higher=False), _verdict("slow", kv, "pass", -3),
+                _verdict("fast", primary, "pass", -9e8, higher=False), _verdict("fast", kv, "fail", -900)]
+    arms = {"mode": "gate", "arms": [
+        {"label": "base", "role": "baseline", "starts": 3},
+        {"label": "slow", "role": "candidate", "starts": 2, "cost": "one more probe"},
+        {"label": "fast", "role": "candidate", "starts": 3, "cost": ""}]}
+    trials = pd.DataFrame(columns=["scenario", "build", "outcome"])
+    data = RunData(tmp_path, {"scenarios": ["s"], "baseline": "base"}, pd.DataFrame(), trials, {"s": verdicts},
+                   {}, {"s": arms})
+    lines = recommendation(data)
+    rows = [line for line in lines if line.startswith("| 1 ") or line.startswith("| 2 ")]
+    assert rows[0] == "| 1 | `fast` | FAIL | — | -0.900 s (-0.990 to -0.810) | -900 (-990 to -810) | 3 |"
+    assert rows[1] == "| 2 | `slow` | FAIL | one more probe | +0.200 s (+0.180 to +0.220) | -3 (-3 to -3) | 2 |"
+    assert lines[-1] == "**Recommendation: none**: no candidate passes every assertion."
