@@ -23,7 +23,10 @@ from scipy import stats
 
 from cache_qualify.cli import main
 from cache_qualify.errors import SamplesError
-from cache_qualify.report.render import estimate, fmt, load_run, provenance, render_run, verdict_table
+from cache_qualify.report.markdown import estimate, fmt, show
+from cache_qualify.report.provenance import provenance
+from cache_qualify.report.render import render_run, verdict_table
+from cache_qualify.report.rundata import load_run
 from cache_qualify.samples.store import OK, START_FAILED, SampleStore, TrialRow, new_attempt
 from cache_qualify.config.scenario import find_scenario
 from cache_qualify.stats.verdict import Assertion, evaluate
@@ -233,7 +236,7 @@ def test_estimate_matches_the_t_interval_and_degrades_without_noise_estimate() -
     assert est.n == 4 and est.mean == pytest.approx(np.mean(values))
     assert est.half_width == pytest.approx((high - low) / 2)
     single = estimate([0.5])
-    assert single.n == 1 and math.isnan(single.half_width) and single.show("hit_rate", unit=True) == "50.00 %"
+    assert single.n == 1 and math.isnan(single.half_width) and show(single, "hit_rate", unit=True) == "50.00 %"
 
 
 # --- summary.md ----------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -60,9 +61,17 @@ def interrupt_and_resume(tmp_path: Path, stop: signal.Signals) -> None:
     if stop == signal.SIGINT:
         os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C goes to the whole foreground group
     else:
-        proc.kill()  # pytest alone: its ranks run in their own sessions
+        proc.send_signal(stop)  # pytest alone (as a CI cancel does): its ranks run in their own sessions
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0, output
+    if stop != signal.SIGKILL:  # a cancel, not a crash: the graceful path
+        assert proc.returncode == 2, output
+        assert (run_dir / "summary.md").is_file() and (run_dir / "junit.xml").is_file(), output
+        summary = (run_dir / "summary.md").read_text(encoding="utf-8")
+        assert summary.startswith(f"# cache-qualify run `{RUN_ID}`") and "### Trials" in summary, summary
+        cases = {case.get("name") for case in ET.parse(run_dir / "junit.xml").getroot().iter("testcase")}
+        assert "test_reachable[gb10-a]" in cases, cases  # the tests run before the cancel are in JUnit
+        assert list((tmp_path / "on-hosts").glob("*/*.pgid")) == [], "a process-group record outlived the stop"
 
     assert wait_no_sim_processes(port, timeout_s=30) == [], "an emulated rank outlived the killed run"
     before = SampleStore(run_dir).trials()
@@ -89,6 +98,13 @@ def interrupt_and_resume(tmp_path: Path, stop: signal.Signals) -> None:
 
 def test_ctrl_c_mid_trial_keeps_samples_and_resume_completes(tmp_path: Path) -> None:
     interrupt_and_resume(tmp_path, signal.SIGINT)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_termination_signal_mid_trial_is_a_cancel_and_resume_completes(tmp_path: Path, stop: signal.Signals) -> None:
+    """A CI job cancelled (SIGTERM) or a closed terminal (SIGHUP) takes Ctrl-C's path: exit status 2,
+    summary.md and junit.xml written, every rank stopped and its record removed, the locks free."""
+    interrupt_and_resume(tmp_path, stop)
 
 
 def test_sigkill_of_pytest_mid_trial_keeps_samples_and_resume_completes(tmp_path: Path) -> None:
