@@ -215,7 +215,7 @@ def test_permutation_counts_tied_arrangements_despite_floating_point(scale: floa
 
 def _with_moments(mean: float, sd: float) -> np.ndarray:
     z = np.array([-1.5, -0.5, 0.5, 1.5])
-    return mean + sd * z / z.std(ddof=1)
+    return np.asarray(mean + sd * z / z.std(ddof=1), float)
 
 
 def test_reread_4g_kv_pages_that_show_nothing_either_way_are_inconclusive_not_fail() -> None:
