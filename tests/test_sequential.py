@@ -7,7 +7,7 @@ import pytest
 
 from cache_qualify.errors import PlanError
 from cache_qualify.stats.sequential import DEFAULT_BOUNDARY, Boundary, fractions_of, nominal_alpha, plan_looks
-from cache_qualify.stats.verdict import Assertion, Verdict, carry, decided, evaluate
+from cache_qualify.stats.verdict import Assertion, Trials, Verdict, carry, decided, evaluate
 
 ALPHA = 0.05
 
@@ -107,3 +107,25 @@ def test_the_default_boundary_is_o_brien_fleming_like_without_futility() -> None
 
 
 # --- the gate by simulation: tests/test_validation.py (cache_qualify.stats.validation) -----------
+
+
+def test_more_trials_decide_what_the_fixed_design_left_inconclusive() -> None:
+    """A wait gain of 3 x min_effect with start noise: inconclusive at 4 trials per build, decided by 12."""
+    a = Assertion("readiness_wait_ns", "B-new-start", "gain", False, min_effect=2e8)
+    rng = np.random.default_rng(12)
+    base, cand = rng.normal(2.1e9, 2.5e8, 12), rng.normal(1.5e9, 2.5e8, 12)
+    blocks = tuple(range(12))
+
+    def trials(values: np.ndarray, n: int) -> Trials:
+        return Trials(tuple(values[:n]), blocks[:n], blocks[:n])
+
+    [fixed] = evaluate([a], {a.id: (trials(base, 4), trials(cand, 4))}, alpha=0.01)
+    assert fixed.outcome == "inconclusive" and fixed.trials_needed is not None
+    looks = plan_looks(initial=4, block=1, max_trials=12)
+    verdicts: list[Verdict] | None = None
+    for k, n in enumerate(looks, start=1):
+        verdicts = carry(verdicts, evaluate([a], {a.id: (trials(base, n), trials(cand, n))}, alpha=0.01,
+                                            look=k, looks=looks))
+        if decided(verdicts):
+            break
+    assert verdicts is not None and decided(verdicts)
