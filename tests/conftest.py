@@ -21,6 +21,13 @@ if TYPE_CHECKING:  # paramiko is imported only by sessions that use SSH
     from tests.sshd import SshdInstance, SshdLab
 
 
+@pytest.fixture(autouse=True)
+def _run_in_a_temporary_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs in its own temporary directory, so a command it runs (through a local shell,
+    say) can never leave a file in the checkout; tests that need the repository name it (REPO)."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture(scope="session")
 def sshd_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdLab]:
     """A client key and a factory of sshd instances, all stopped at the end."""
