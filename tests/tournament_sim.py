@@ -190,10 +190,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     one, lab, study = hit_rate_gain(), shape("reread-1g"), scenario_shape()
     rows: list[tuple[str, Shape, Mode, tuple[int, ...], list[list[float]], str]] = [
         ("A/A x 3, one gain", one, "gate", FIXED, null_effects(one), "normal"),
-        ("A/A x 3, one gain", one, "gate", SEQUENTIAL, null_effects(one), "normal"),
+        ("A/A x 3, one gain", one, "gate", (10,), null_effects(one), "normal"),
         ("A/A x 3, one gain", one, "screening", FIXED, null_effects(one), "normal"),
+        ("A/A x 3, one gain", one, "screening", (10,), null_effects(one), "normal"),
         ("A/A x 3, one gain", one, "screening", SEQUENTIAL, null_effects(one), "normal"),
-        ("A/A x 3, one gain, heavy tails", one, "screening", FIXED, null_effects(one), "heavy-tailed"),
+        ("A/A x 3, one gain, heavy tails", one, "screening", (10,), null_effects(one), "heavy-tailed"),
         ("A/A x 3, reread-1g shape", lab, "gate", SEQUENTIAL, null_effects(lab), "normal"),
         ("set8, set16, two_choice, reread-1g", study, "gate", DEFAULT, study_effects(study), "normal"),
         ("2 SD gains x 3, reread-1g shape", lab, "gate", (10,), moderate_effects(lab), "normal"),
