@@ -126,7 +126,7 @@ def test_plan_prints_values_in_their_units(capsys: pytest.CaptureFixture[str]) -
 
 def test_plan_sizes_a_tournament_from_the_emulator(capsys: pytest.CaptureFixture[str]) -> None:
     """Starts per arm for two candidates at once: each sized on the scenario's gains, the baseline shared."""
-    assert main(["plan", "--emulate", "--baseline", "set4", "--candidate", "set8,two_choice", "--seeds", "2",
+    assert main(["plan", "--emulate", "--baseline", "set4", "--candidate", "set8,two_choice", "--seeds", "3",
                  "--alpha", "0.01", "--family-size", "4"]) == 0
     out = capsys.readouterr().out
     assert "## Candidate set8 (vs set4)" in out and "## Candidate two_choice (vs set4)" in out
