@@ -1,6 +1,7 @@
-"""Preflight: every host reachable with a known key, the drop works without a password,
-both builds present, the server port free, clocks in step. Runs first; `--preflight-only`
-runs only these."""
+"""Preflight: the runner's SSH key exists; every host reachable with a known key, the drop works
+without a password, both builds present, the rank's HTTP port reachable over its route and free,
+clocks in step. Runs first; `--preflight-only` runs only these. A host that cannot be reached
+fails once (`test_reachable`); its other checks are skipped rather than failing alike."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from cache_qualify.errors import QualifyError
 from cache_qualify.lab import preflight
 from cache_qualify.config.inventory import Host
 from cache_qualify.plugin import QualifyState, state_of
@@ -23,15 +25,36 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture(scope="module")
-def transport(qualify_state: QualifyState, lab_host: Host) -> Iterator[Transport]:
+def connection(qualify_state: QualifyState, lab_host: Host) -> Iterator[tuple[Transport, QualifyError | None]]:
+    """The host's transport, and why it cannot be reached (None when it can): tried once per host."""
     from cache_qualify.lab.control import transport_for
 
     with transport_for(qualify_state.inventory, lab_host) as t:
-        yield t
+        try:
+            preflight.check_reachable(t)
+        except QualifyError as exc:
+            yield t, exc
+        else:
+            yield t, None
 
 
-def test_reachable(transport: Transport) -> None:
-    preflight.check_reachable(transport)
+@pytest.fixture
+def transport(connection: tuple[Transport, QualifyError | None]) -> Transport:
+    """The transport of a reachable host; the checks of an unreachable one are skipped."""
+    t, unreachable = connection
+    if unreachable is not None:
+        pytest.skip(f"host {t.host} is unreachable (test_reachable says why)")
+    return t
+
+
+def test_ssh_identity(qualify_state: QualifyState) -> None:
+    preflight.check_ssh_identity(qualify_state.inventory)
+
+
+def test_reachable(connection: tuple[Transport, QualifyError | None]) -> None:
+    _, unreachable = connection
+    if unreachable is not None:
+        raise unreachable
 
 
 def test_drop_caches(qualify_state: QualifyState, transport: Transport) -> None:
@@ -43,8 +66,9 @@ def test_builds_present(qualify_state: QualifyState, lab_host: Host, transport: 
 
 
 def test_port_free(qualify_state: QualifyState, lab_host: Host, transport: Transport) -> None:
-    preflight.check_port_free(qualify_state.inventory, lab_host, transport,
-                              kill_stale=bool(qualify_state.config.getoption("cq_kill_stale")))
+    """Reachable over the HTTP route the runner will use, and free."""
+    preflight.check_http_route(qualify_state.inventory, lab_host, transport,
+                               kill_stale=bool(qualify_state.config.getoption("cq_kill_stale")))
 
 
 def test_clock(transport: Transport) -> None:

@@ -58,8 +58,10 @@ def write_inventory(tmp_path: Path, *, name: str = "hosts.yaml", hosts: list[dic
     """An inventory like the committed one with a free port, its own run folder and absolute paths."""
     data = committed_inventory()
     addresses = [h["address"] for h in (hosts or data["hosts"])]
-    data["server"].update(http_port=free_port(addresses), workdir=str(REPO),
-                          run_dir=str(tmp_path / "on-hosts"), **(server or {}))
+    # a port given in `server` is not probed here (hosts behind a jump host cannot be)
+    port = (server or {}).get("http_port") or free_port(addresses)
+    data["server"].update(http_port=port, workdir=str(REPO), run_dir=str(tmp_path / "on-hosts"),
+                          **{k: v for k, v in (server or {}).items() if k != "http_port"})
     for build in data["builds"].values():
         build["path"] = str(REPO / build["path"])
     data["builds"].update({k: dict(v) for k, v in (builds or {}).items()})

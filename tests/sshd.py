@@ -97,14 +97,17 @@ class SshdInstance:
     """One sshd on ``address``:``port``; can be stopped, restarted, and given a new host key."""
 
     def __init__(self, name: str, address: str, workdir: Path, authorized_keys: Path,
-                 extra_config: tuple[str, ...] = ()) -> None:
+                 extra_config: tuple[str, ...] = (), *, port: int | None = None,
+                 prefix: tuple[str, ...] = ()) -> None:
         self.name = name
         self.extra_config = extra_config
         self.address = address
         self.workdir = workdir
         self.authorized_keys = authorized_keys
         self.host_key = generate_key(workdir / "ssh_host_ed25519_key", f"{name}-host")
-        self.port = free_port(address)
+        # `prefix` runs sshd elsewhere (``ip netns exec NS``): its port is then given, not probed here
+        self.prefix = prefix
+        self.port = port if port is not None else free_port(address)
         self.log_path = workdir / "sshd.log"
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -132,22 +135,33 @@ class SshdInstance:
         """Start sshd and wait until it accepts connections."""
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # its privilege-separation dir
         config = self._write_config()
+        logged = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
-            self._process = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(config)],
+            self._process = subprocess.Popen([*self.prefix, str(SSHD), "-D", "-e", "-f", str(config)],
                                              stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         deadline = time.monotonic() + _READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 raise SshdUnavailable(f"sshd {self.name} on {self.address}:{self.port} exited "
                                       f"at startup:\n{self.log_path.read_text()[-2000:]}")
-            try:
-                socket.create_connection((self.address, self.port), timeout=0.5).close()
+            if self._listening(logged):
                 return
-            except OSError:
-                time.sleep(0.02)
+            time.sleep(0.02)
         self.stop()
         raise SshdUnavailable(f"sshd {self.name} did not listen on {self.address}:{self.port} "
                               f"within {_READY_TIMEOUT_S} s")
+
+    def _listening(self, logged: int) -> bool:
+        """True once sshd accepts connections: probed here, or (run elsewhere) read from its log."""
+        if self.prefix:
+            with open(self.log_path, "rb") as log:
+                log.seek(logged)
+                return b"Server listening on" in log.read()
+        try:
+            socket.create_connection((self.address, self.port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
 
     def session_pids(self) -> list[int]:
         """PIDs of this instance's per-connection sshd processes."""
@@ -180,6 +194,11 @@ class SshdInstance:
         self.start()
 
     @property
+    def pid(self) -> int | None:
+        """The listening sshd's PID while it runs."""
+        return self._process.pid if self._process is not None else None
+
+    @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
@@ -203,9 +222,11 @@ class SshdLab:
             f"127.0.0.{base + n % _ADDRESSES_PER_WORKER}" for n in itertools.count())
         self._names = itertools.count(1)
 
-    def start(self, name: str | None = None, *, extra_config: tuple[str, ...] = ()
+    def start(self, name: str | None = None, *, extra_config: tuple[str, ...] = (),
+              address: str | None = None, port: int | None = None, prefix: tuple[str, ...] = ()
               ) -> SshdInstance:
-        """A new running sshd instance on the next address of this worker's block.
+        """A new running sshd instance on the next address of this worker's block (or on
+        `address`:`port`, run under `prefix`, e.g. in a network namespace).
 
         ``extra_config`` lines (``"MaxSessions 1"``) override the defaults.
         """
@@ -214,8 +235,8 @@ class SshdLab:
         workdir.mkdir()
         error = SshdUnavailable(f"sshd {name} did not start")
         for _attempt in range(3):  # a free port can be taken between probe and bind
-            instance = SshdInstance(name, next(self._addresses), workdir, self.authorized_keys,
-                                    extra_config)
+            instance = SshdInstance(name, address or next(self._addresses), workdir, self.authorized_keys,
+                                    extra_config, port=port, prefix=prefix)
             try:
                 instance.start()
             except SshdUnavailable as exc:

@@ -1,4 +1,5 @@
-"""`cache-qualify bench-harness` runs on a simulated lab and prints well-formed figures (no timing thresholds)."""
+"""`cache-qualify bench-harness` and `bench-lifecycle` run on a simulated lab and print well-formed figures
+(no timing thresholds)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.labfixtures import REPO, wait_no_sim_processes, write_inventory
+import pytest
+
+from tests.bench_forward import forwarded_lab
+from tests.labfixtures import REPO, inventory_port, wait_no_sim_processes, write_inventory
+from tests.sshd import SshdLab
 
 NUMBER = r"\d+(?:\.\d+)?"
 REQUESTS = ("A", "A-new-start", "B", "B-new-start", "A-third-read")
@@ -61,3 +66,61 @@ def test_missing_inventory_is_a_clear_error(tmp_path: Path) -> None:
     done = bench("--hosts", str(tmp_path / "nowhere.yaml"))
     assert done.returncode == 2
     assert re.search(r"cache-qualify: error: .*nowhere\.yaml", done.stderr), done.stderr
+
+
+def lifecycle(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cache_qualify.cli", "bench-lifecycle", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_lifecycle_splits_trials_by_phase_and_adds_up(tmp_path: Path) -> None:
+    """Well-formed figures only (speed is judged by running the benchmark): the phases of each
+    trial, its overhead as their sum without the requests, and the ratio to the ranks' setup."""
+    done = lifecycle("--hosts", str(write_inventory(tmp_path)), "--trials", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert (result["build"], result["scenario"], result["target_s"]) == ("set4", "reread-1g", 1.0)
+    assert [t["trial"] for t in result["trials"]] == [0, 1]
+    for t in result["trials"]:
+        phases = [t[k] for k in ("drop_s", "start_s", "ready_s", "requests_s", "stop_s")]
+        assert all(p > 0 for p in phases), t
+        assert t["overhead_s"] == pytest.approx(sum(phases) - t["requests_s"])
+        # every rank listened before rank 0 answered ready, and its log says when
+        assert 0 < t["rank_setup_s"] < t["start_s"] + t["ready_s"] + 1.0
+        assert t["ratio"] == pytest.approx(t["overhead_s"] / t["rank_setup_s"])
+
+
+def test_lifecycle_prints_a_row_per_trial_and_the_medians(tmp_path: Path) -> None:
+    done = lifecycle("--hosts", str(write_inventory(tmp_path)), "--trials", "1", "--build", "two_choice")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert re.search(rf"^bench-lifecycle: build two_choice, scenario reread-1g, 3 hosts, 1 trial\(s\); "
+                     rf"machine load {NUMBER} \(1-minute average, \d+ CPUs\)$", out, re.M), out
+    for label in ("1", "median"):
+        assert re.search(rf"^{label} +(?:{NUMBER} +){{7}}{NUMBER}x$", out, re.M), out
+    assert re.search(rf"^lifecycle overhead per trial: {NUMBER} s \(target <= 1 s.*\); beyond the ranks' own "
+                     rf"setup: -?{NUMBER} s$", out, re.M), out
+
+
+@pytest.mark.sshd
+def test_reports_the_forwarded_routes_cost_against_direct_gets(sshd_lab: SshdLab, tmp_path: Path) -> None:
+    inventory, instances = forwarded_lab(sshd_lab, tmp_path)
+    try:
+        done = bench("--hosts", str(inventory), "--passes", "1", "--snapshots", "5")
+    finally:
+        for instance in instances:
+            instance.stop()
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    line = re.search(rf"^HTTP route: ssh \(a local port forwarded over each host's SSH connection; every figure "
+                     rf"above went through it\); one GET of rank 0's /metrics: median ({NUMBER}) ms forwarded, "
+                     rf"({NUMBER}) ms direct: ([+-]{NUMBER}) ms per exchange$", out, re.M)
+    assert line, out
+    forwarded, direct, extra = (float(line.group(i)) for i in (1, 2, 3))
+    assert abs(extra - (forwarded - direct)) < 0.02
+    share = re.search(rf"^forward: 15 exchanges per trial x ({NUMBER}) ms = ({NUMBER}) ms of one trial "
+                      rf"\(({NUMBER}) s\) = ({NUMBER}) % \(target < 2 %\)$", out, re.M)
+    assert share, out
+    per, total, trial, percent = (float(share.group(i)) for i in (1, 2, 3, 4))
+    assert abs(total - 15 * per) < 0.1 and abs(percent - total / (10 * trial)) < 0.01
+    assert wait_no_sim_processes(inventory_port(inventory)) == []

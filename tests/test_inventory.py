@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import yaml
 
 from cache_qualify.errors import InventoryError
-from cache_qualify.config.inventory import (Inventory, check_address, inventory_hash, json_schema, load_inventory,
+from cache_qualify.config.inventory import (Host, Inventory, check_address, inventory_hash, json_schema, load_inventory,
                                 render_argv, render_command)
 from cache_qualify.config.metricnames import MetricNames
 from tests.labfixtures import edited, write_file
@@ -376,6 +377,25 @@ def test_example_gb10_lab_loads() -> None:
     assert re.search(inventory.server.kv_pages.log_regex, "KV cache: 41358 pages of 128 tokens")
     assert inventory.server.drop_caches.startswith("sync && echo 3 | sudo -n tee /proc/sys/vm/drop_caches")
     assert inventory.baseline in inventory.builds and inventory.candidate in inventory.builds
+    # behind the jump host every rank's HTTP goes over its host's SSH connection, to the host's own address
+    for host in inventory.hosts:
+        where = inventory.addresses(host)
+        assert (where.http_route, where.listen, where.behind_jump) == ("ssh", host.address, True)
+
+
+def test_example_and_readme_describe_the_http_route() -> None:
+    example = (ROOT / "examples" / "gb10-lab.yaml").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Pointing the suite at a real lab", 1)[1].split("\n## ", 1)[0]
+    for text in (example, section):
+        for words in ("listen_address", "http_route", "forwarded over", "direct", "AllowTcpForwarding"
+                      if text is example else "TCP forwarding"):
+            assert words in text, words
+    # the example's commented alternatives for a host are valid hosts too
+    alternatives = re.findall(r"^#   (- \{name: gb10-a, .*\})$", example, re.M)
+    assert len(alternatives) == 2
+    for line in alternatives:
+        assert Host.model_validate(yaml.safe_load(line)[0]).name == "gb10-a"
 
 
 @pytest.mark.parametrize(("kind", "file"), [("inventory", "inventory.schema.json"),
@@ -410,3 +430,92 @@ def test_inventory_is_frozen(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="frozen"):
         inventory.lab = "other"
     assert isinstance(inventory, Inventory)
+
+
+# --- the address model: SSH target, listen address, HTTP route -------------------------------------
+
+ALIASES = """\
+Host labb
+  HostName 127.0.0.22
+  Port 2222
+  User lab
+  ProxyJump bastion
+Host labc
+  HostName 127.0.0.23
+"""
+
+
+def alias_inventory(tmp_path: Path, ssh: str = "", b: str = "", c: str = "") -> Inventory:
+    config = write(tmp_path, ALIASES, "ssh_config")
+    text = edit("  jump: {address: bastion.example.com, port: 2222}\n", f"  ssh_config: {config}\n{ssh}")
+    text = edited(text, "    address: 127.0.0.22\n    port: 2022\n", f"    address: labb\n{b}")
+    text = edited(text, "    address: 127.0.0.21\n", f"    address: labc\n{c}")
+    return load_inventory(write(tmp_path, text))
+
+
+def test_an_alias_listens_on_its_hostname_and_a_proxy_jump_sends_http_over_ssh(tmp_path: Path) -> None:
+    inventory = alias_inventory(tmp_path)
+    a, b = inventory.hosts
+    behind, direct = inventory.addresses(b), inventory.addresses(a)
+    assert (behind.ssh_target, behind.listen, behind.http_route, behind.behind_jump) == (
+        "labb", "127.0.0.22", "ssh", True)
+    assert (direct.ssh_target, direct.listen, direct.http_route, direct.behind_jump) == (
+        "labc", "127.0.0.23", "direct", False)
+
+
+def test_explicit_listen_address_and_route_win(tmp_path: Path) -> None:
+    inventory = alias_inventory(tmp_path, b="    listen_address: 10.0.0.2\n    http_route: direct\n",
+                                c="    http_route: ssh\n")
+    a, b = inventory.hosts
+    assert (inventory.addresses(b).listen, inventory.addresses(b).http_route) == ("10.0.0.2", "direct")
+    assert inventory.addresses(a).http_route == "ssh"
+
+
+def test_every_host_behind_the_inventory_jump_host_defaults_to_the_ssh_route(tmp_path: Path) -> None:
+    inventory = load_inventory(write(tmp_path, BASE))
+    for host in inventory.hosts:
+        where = inventory.addresses(host)
+        assert (where.listen, where.http_route, where.behind_jump) == (host.address, "ssh", True)
+
+
+def test_the_ssh_route_needs_the_ssh_transport(tmp_path: Path) -> None:
+    text = edit("    address: 127.0.0.21\n", "    address: 127.0.0.21\n    transport: local\n    http_route: ssh\n")
+    with pytest.raises(InventoryError, match=r"hosts.yaml:10: hosts\[0\]\.http_route: the `ssh` route forwards a "
+                                             r"port over the host's SSH connection, but host 'a' uses the local "
+                                             r"transport; use `direct`"):
+        load_inventory(write(tmp_path, text))
+
+
+def test_ranks_bind_and_meet_at_listen_addresses(tmp_path: Path) -> None:
+    from cache_qualify.lab.control import Lab
+    from cache_qualify.lab.server import ServerGroup
+
+    inventory = alias_inventory(tmp_path)
+    group = inventory.groups_resolved()[0]
+    server = ServerGroup(Lab(inventory, group, run_id="r"), "set4", inventory.build("set4"))
+    argv = shlex.split(server.command(group.hosts[1]))
+    assert argv == ["/opt/b/set4/server", "--rank", "1", "--port", "18000", "--x", "1"]
+    with_addresses = inventory.server.model_copy(update={"command": "{build_path} {address} {rank0_address}"})
+    lab = Lab(inventory.model_copy(update={"server": with_addresses}), group, run_id="r")
+    assert shlex.split(ServerGroup(lab, "set4", inventory.build("set4")).command(group.hosts[1]))[1:] == [
+        "127.0.0.22", "127.0.0.23"]
+
+
+def test_a_missing_default_ssh_config_is_empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    inventory = load_inventory(write(tmp_path, edit("  user: qualify\n", "  user: qualify\n  ssh_config: ~/.ssh/config\n")))
+    assert inventory.addresses(inventory.hosts[0]).listen == "127.0.0.21"
+
+
+def test_a_missing_named_ssh_config_is_one_line_at_load(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "ssh_config"
+    path = write(tmp_path, edit("  user: qualify\n", f"  user: qualify\n  ssh_config: {missing}\n"))
+    with pytest.raises(InventoryError, match=rf"^{re.escape(str(path))}:4: ssh\.ssh_config: the ssh config file "
+                                             rf"{re.escape(str(missing))} does not exist \(only the default "
+                                             rf"~/.ssh/config may be missing\); create it or remove `ssh_config`$"):
+        load_inventory(path)
+    run = subprocess.run([sys.executable, "-m", "pytest", "qualify", "--hosts", str(path), "-p", "no:cacheprovider",
+                          "-q", "--preflight-only", "--reports-dir", str(tmp_path / "reports")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 4, run.stdout + run.stderr
+    assert (run.stdout + run.stderr).count(f"the ssh config file {missing} does not exist") == 1, run.stdout + run.stderr

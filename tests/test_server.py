@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 
 from cache_qualify.errors import CommandFailed, LockHeld, RankExited, StaleServer
 from cache_qualify.config.inventory import Inventory, load_inventory
-from cache_qualify.lab.control import Lab
+from cache_qualify.lab.control import RUNNING_FUNCTION, Lab, backoff_delays
 from cache_qualify.lab.server import ServerGroup
 from cache_qualify.trials.measure import read_kv_pages
 from tests.labfixtures import REPO, inventory_port, sim_processes, wait_no_sim_processes, write_inventory
@@ -138,7 +139,6 @@ def test_sigkilled_runner_leaves_no_server_and_no_lock(tmp_path: Path) -> None:
         from cache_qualify.config.inventory import load_inventory
         from cache_qualify.lab.control import Lab
         from cache_qualify.lab.server import ServerGroup
-from cache_qualify.trials.measure import read_kv_pages
         inv = load_inventory({str(path)!r})
         lab = Lab(inv, inv.groups_resolved()[0], run_id="doomed").open()
         server = ServerGroup(lab, "set4", inv.build("set4"), flags={list(FLAGS)!r})
@@ -200,3 +200,31 @@ def test_three_rank_server_over_ssh(sshd_lab: SshdLab, tmp_path: Path) -> None:
     assert sorted(pages) == ["gb10-a", "gb10-b", "gb10-c"]
     assert all(40_500 < p < 42_100 for p in pages.values())
     assert wait_no_sim_processes(port, timeout_s=2.0) == []
+
+
+def test_a_group_of_zombies_counts_as_stopped_and_a_live_one_as_running() -> None:
+    """`running` (the stop's and the lock release's check) sees through zombies, which `kill -0`
+    counts: an orphaned rank waits for the host's init to reap it, here up to a second."""
+    leader = subprocess.Popen(["setsid", "sleep", "60"])  # its own session and group; we reap it
+    try:
+        def check(group: int) -> str:
+            line = f"{RUNNING_FUNCTION}; running {group} && echo running || echo gone; kill -0 -{group} && echo exists"
+            return subprocess.run(["/bin/sh", "-c", line], capture_output=True, text=True, timeout=30).stdout
+
+        deadline = time.monotonic() + 10
+        while os.getsid(leader.pid) != leader.pid and time.monotonic() < deadline:
+            time.sleep(0.01)  # setsid has not run yet
+        assert check(leader.pid).split() == ["running", "exists"]
+        leader.kill()
+        while open(f"/proc/{leader.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+            time.sleep(0.01)
+        assert check(leader.pid).split() == ["gone", "exists"]  # a zombie: dead, not yet reaped
+    finally:
+        leader.kill()
+        leader.wait()
+
+
+def test_backoff_starts_short_doubles_and_covers_the_wait() -> None:
+    assert backoff_delays(0.5) == [0.01, 0.02, 0.04, 0.08, 0.1, 0.1, 0.1, 0.1]
+    assert backoff_delays(0.001) == [0.01]
+    assert backoff_delays(1.0, first_s=0.05, cap_s=0.2) == [0.05, 0.1, 0.2, 0.2, 0.2, 0.2, 0.2]

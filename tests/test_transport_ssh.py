@@ -15,13 +15,17 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from cache_qualify.errors import HostKeyRejected, HostUnreachable, TransportError
+from cache_qualify.errors import ConfigError, HostKeyRejected, HostUnreachable, TransportError
 from cache_qualify.lab.transport import SshOptions, SshTransport
+from cache_qualify.lab.transport.ssh import TcpRefused
+from tests.httpfixtures import Reply, StubServer, stub_servers  # noqa: F401  (a fixture)
 from tests.sshd import (SshdInstance, SshdLab, SshdUnavailable, free_port, generate_key,
                         require_sshd)
 
@@ -86,10 +90,18 @@ def test_ssh_config_alias_resolves_hostname_port_user_and_identity(
 
 
 def test_missing_ssh_config_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(Exception, match=r"nowhere/ssh_config: the ssh config file cannot be "
-                                        r"read: No such file or directory"):
+    with pytest.raises(ConfigError, match=r"nowhere/ssh_config: the ssh config file \S+nowhere/ssh_config does "
+                                          r"not exist \(only the default ~/.ssh/config may be missing\)"):
         SshTransport("h1", "gb10-a", options=SshOptions(ssh_config=str(tmp_path / "nowhere"
                                                                        / "ssh_config")))
+
+
+def test_missing_default_ssh_config_is_empty_as_for_openssh(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ssh/config
+    transport = SshTransport("h1", "gb10-a", 2222, options=SshOptions(ssh_config="~/.ssh/config", user="q"))
+    assert (transport.endpoint.address, transport.endpoint.port, transport.endpoint.user) == ("gb10-a", 2222, "q")
+    assert transport.jump is None
 
 
 @pytest.fixture
@@ -300,3 +312,78 @@ def test_missing_sshd_fails_with_an_install_hint(tmp_path: Path) -> None:
     with pytest.raises(SshdUnavailable, match=r"not found at .*/sbin/sshd; install "
                                               r"openssh-server .* fail rather than skip"):
         require_sshd(tmp_path / "sbin" / "sshd")
+
+
+# --- local port forwards (the `ssh` HTTP route) ----------------------------------------------------
+
+def forwarding_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("forward-")]
+
+
+def test_forward_carries_http_survives_the_one_reconnect_and_closes_with_the_transport(
+        ssh_transport: SshTransport, sshd_host: SshdInstance, stub_servers: Callable[..., StubServer],
+        caplog: pytest.LogCaptureFixture) -> None:
+    server = stub_servers(sshd_host.address)
+    server.serve("/metrics", Reply(body="up 1\n"))
+    forward = ssh_transport.forward(server.host, server.port)
+    url = f"http://127.0.0.1:{forward.local_port}/metrics"
+    with httpx.Client(timeout=5.0) as client:
+        assert client.get(url).text == "up 1\n"
+        sshd_host.restart()  # drops the connection: the next forwarded connection reconnects, once
+        with caplog.at_level(logging.WARNING, logger="cache_qualify.transport"):
+            assert client.get(url).text == "up 1\n"  # the same URL, over the new connection
+        assert caplog.text.count("reconnecting once") == 1
+    assert len(server.requests) == 2
+    assert forwarding_threads()
+    ssh_transport.close()
+    assert forward.closed and forward.connections() == 0
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(forward.local_address, timeout=2.0).close()
+    assert forwarding_threads() == []  # nothing of the forward is left in the runner
+
+
+def test_forwards_of_several_hosts_serve_at_once(sshd_lab: SshdLab, tmp_path: Path,
+                                                 stub_servers: Callable[..., StubServer]) -> None:
+    """The metric snapshots of all hosts stay concurrent over forwarded ports: three slow answers
+    through three hosts' forwards take about one answer's time, not three."""
+    delay_s = 0.6
+    hosts = [sshd_lab.start(f"fwd{i}") for i in range(3)]
+    known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts", *hosts)
+    servers = [stub_servers(h.address) for h in hosts]
+    for server in servers:
+        server.serve("/metrics", Reply(body="up 1\n", delay_s=delay_s))
+    transports = [connect(sshd_lab, h, known_hosts, f"h{i}") for i, h in enumerate(hosts)]
+    try:
+        urls = [f"http://127.0.0.1:{t.forward(s.host, s.port).local_port}/metrics"
+                for t, s in zip(transports, servers)]
+        with httpx.Client(timeout=5.0) as client, ThreadPoolExecutor(3) as pool:
+            list(pool.map(lambda u: client.get(u).raise_for_status(), urls))  # connections up
+            started = time.monotonic()
+            list(pool.map(lambda u: client.get(u).raise_for_status(), urls))
+            took = time.monotonic() - started
+        assert took < 2 * delay_s, f"three forwarded answers of {delay_s} s each took {took:.2f} s"
+    finally:
+        for t in transports:
+            t.close()
+        for h in hosts:
+            h.stop()
+
+
+def test_tcp_open_tells_a_listening_port_from_a_free_one(
+        ssh_transport: SshTransport, sshd_host: SshdInstance, stub_servers: Callable[..., StubServer]) -> None:
+    server = stub_servers(sshd_host.address)
+    assert ssh_transport.tcp_open(server.host, server.port) is True
+    assert ssh_transport.tcp_open(sshd_host.address, free_port(sshd_host.address)) is False
+
+
+def test_tcp_forwarding_forbidden_by_sshd_is_named(sshd_lab: SshdLab, tmp_path: Path) -> None:
+    host = sshd_lab.start("nofwd", extra_config=("AllowTcpForwarding no",))
+    try:
+        with connect(sshd_lab, host, sshd_lab.known_hosts(tmp_path / "known_hosts", host)) as transport:
+            with pytest.raises(TcpRefused, match=rf"^host h1: .*@{re.escape(host.address)}:{host.port} could not "
+                                                 rf"connect to {re.escape(host.address)}:\d+ for the runner: .*"
+                                                 rf"The `ssh` HTTP route needs TCP forwarding: set "
+                                                 rf"AllowTcpForwarding yes"):
+                transport.tcp_open(host.address, 80)
+    finally:
+        host.stop()

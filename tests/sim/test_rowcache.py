@@ -10,6 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from cache_qualify.sim.gathers import GatherTrace
+from cache_qualify.sim.naive import naive_replay
 from cache_qualify.sim.reference import ReferenceRowCache
 from cache_qualify.sim.rowcache import POLICIES, CacheCounters, RowCache
 
@@ -153,3 +155,52 @@ def test_saturated_counters_and_halving_agree_on_a_long_trace() -> None:
         assert caches[0].gather(ids) == caches[1].gather(ids)
     assert caches[0].counters() == caches[1].counters()
     assert caches[0].counters().lookups > 5 * 900
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=st.sampled_from(POLICIES), sets=st.integers(1, 12), seed=st.integers(0, 2**32),
+       sketch_bytes=st.integers(4, 256), halve_after=st.sampled_from([None, 0, 1, 7, 50]),
+       trace=st.lists(st.lists(st.integers(0, 300), max_size=40), min_size=1, max_size=40),
+       split=st.integers(0, 40))
+def test_one_call_replay_matches_the_reference_gather_by_gather(
+        policy: str, sets: int, seed: int, sketch_bytes: int, halve_after: int | None,
+        trace: list[list[int]], split: int) -> None:
+    """A whole trace in one kernel call (empty gathers included, in two calls at `split`) gives
+    the reference's misses per gather and counters; so does the naive loop `bench-trace` times."""
+    ways = {"set8": 8, "set16": 16}.get(policy, 4)
+    fast = RowCache(policy, sets * ways, seed=seed, sketch_bytes=sketch_bytes, halve_after=halve_after)
+    reference = ReferenceRowCache(policy, sets * ways, seed=seed, sketch_bytes=sketch_bytes,
+                                  halve_after=halve_after)
+    expected = [reference.gather(np.array(g, dtype=np.uint64)) for g in trace]
+    split = min(split, len(trace))
+    got: list[int] = []
+    for part in (trace[:split], trace[split:]):
+        joined = GatherTrace.of([np.array(g, dtype=np.uint64) for g in part])
+        got += fast.replay(joined.rows, joined.bounds).tolist()
+    assert got == expected
+    assert fast.counters() == reference.counters()
+    whole = GatherTrace.of([np.array(g, dtype=np.uint64) for g in trace])
+    counted = RowCache(policy, sets * ways, seed=seed, sketch_bytes=sketch_bytes, halve_after=halve_after)
+    assert counted.replay(whole.rows, whole.bounds, per_gather=False).size == 0
+    assert counted.counters() == reference.counters()
+    assert naive_replay(policy, sets * ways, whole.rows, whole.bounds, seed=seed,
+                        sketch_bytes=sketch_bytes, halve_after=halve_after) == reference.counters()
+
+
+def test_replay_refuses_bounds_that_do_not_cover_the_rows() -> None:
+    cache = RowCache("set4", 64, seed=0)
+    for bounds in ([0, 3], [1, 4], [0, 3, 2, 4], []):
+        with pytest.raises(ValueError, match=r"`bounds` must rise from 0 to the 4 rows"):
+            cache.replay(rows(1, 2, 3, 4), np.array(bounds, dtype=np.int64))
+    assert cache.counters().lookups == 0
+
+
+def test_gather_trace_cuts_joins_and_iterates() -> None:
+    chunked = GatherTrace.chunked(np.arange(10), 4)
+    assert chunked.bounds.tolist() == [0, 4, 8, 10]
+    assert [g.tolist() for g in chunked] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    joined = GatherTrace.of([rows(5), rows(), rows(6, 7)])
+    assert (len(joined), joined.rows.tolist(), joined.bounds.tolist()) == (3, [5, 6, 7], [0, 1, 1, 3])
+    assert len(GatherTrace.of([])) == 0
+    with pytest.raises(ValueError, match=r"`size` must be >= 1, found 0"):
+        GatherTrace.chunked(rows(1), 0)

@@ -1,0 +1,241 @@
+"""The qualification history: import, schema upgrades, concurrent writers, change points, the page, planning.
+
+Against SQLite and a real PostgreSQL the tests start themselves (tests/postgres.py),
+on run folders written by the suite's own writers from simulated series
+(tests/history_sim.py); the page is opened in a real headless Chromium. Whole
+qualifications writing the history live are in tests/test_history_runs.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from cache_qualify.cli import main
+from cache_qualify.errors import HistoryError
+from cache_qualify.history import schema
+from cache_qualify.history.store import History, default_url
+from tests import history_sim
+from tests.postgres import Postgres, postgres_server
+from tests.stats_sim import binomial_bound
+
+CHROMIUM_HINT = "install Chromium and its driver from the distribution: apt-get install -y chromium chromium-driver"
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Postgres]:
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def history_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return default_url(tmp_path)
+    server: Postgres = request.getfixturevalue("postgres")
+    return server.create_database(f"h_{abs(hash(request.node.name)) % 10**8}")
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    assert main(list(args)) == 0
+    return capsys.readouterr().out
+
+
+def json_lines(text: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_import_twice_gives_the_same_database(tmp_path: Path, history_url: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(3)
+    folders = history_sim.write_series(tmp_path / "reports", history_sim.quiet_series(rng, 3))
+    (folders[-1] / "verdicts.json").unlink()  # the last run never ended: unfinished
+    names = [str(f) for f in folders] + [str(tmp_path / "reports" / "history.sqlite")]  # as reports/* would
+    first = cli(capsys, "history", "import", "--history", history_url, *names)
+    assert "run000: 4 new trial(s)" in first and "history.sqlite: skipped" in first
+    with History(history_url) as history:
+        once = history.dump()
+    assert "run000: 0 new trial(s)" in cli(capsys, "history", "import", "--history", history_url, *names)
+    with History(history_url) as history:
+        assert history.dump() == once
+    assert len(once["trials"]) == 12 and len(once["trial_values"]) == 12
+    plain = history_url.replace("postgresql+psycopg://", "postgresql://")  # as a lab engineer types it
+    runs = json_lines(cli(capsys, "history", "runs", "--json", "--history", plain))
+    assert [(r["run_id"], r["outcome"], r["scenario"], r["baseline"], r["candidates"]) for r in runs] == [
+        ("run000", "inconclusive", "reread-1g", "set4", ["set4"]),
+        ("run001", "inconclusive", "reread-1g", "set4", ["set4"]),
+        ("run002", "unfinished", "reread-1g", "set4", ["set4"])]
+    assert all(str(r["started"]).startswith("2026-01-0") for r in runs)
+
+
+def test_schema_upgrades_in_place(tmp_path: Path, history_url: str) -> None:
+    folder = history_sim.write_series(tmp_path / "reports", history_sim.quiet_series(np.random.default_rng(4), 1))[0]
+    with History(history_url) as history:
+        history.record(folder)
+        before = history.dump()
+    engine = sa.create_engine(history_url)
+    with engine.begin() as conn:  # the database as version 1 left it
+        conn.execute(sa.text("ALTER TABLE trials DROP COLUMN host_group"))
+        conn.execute(schema.schema_version.update().values(version=1))
+    with History(history_url) as history:
+        assert history.upgrade() == 1
+        assert history.dump() == before  # the rows kept, the column back (empty, as it was)
+    with engine.begin() as conn:
+        assert schema.current_version(conn) == schema.SCHEMA_VERSION
+        conn.execute(schema.schema_version.update().values(version=schema.SCHEMA_VERSION + 1))
+    engine.dispose()
+    with History(history_url) as history, pytest.raises(HistoryError, match=r"schema version 3, newer than this"):
+        history.runs()
+
+
+def test_two_writers_at_once_both_land_complete(tmp_path: Path, history_url: str) -> None:
+    """Two `history import` processes write one database at the same moment (a new one: both also
+    race to create the schema)."""
+    rng = np.random.default_rng(5)
+    groups = [history_sim.write_series(tmp_path / name, history_sim.quiet_series(rng, 6), build=name, prefix=name)
+              for name in ("set4", "two_choice")]
+    procs = [subprocess.Popen([sys.executable, "-m", "cache_qualify.cli", "history", "import", "--history",
+                               history_url, *map(str, folders)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for folders in groups]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    with History(history_url) as history:
+        runs = history.runs()
+        values = history.values()
+    assert sorted(str(r["run_id"]) for r in runs) == sorted(f.name for folders in groups for f in folders)
+    assert all(r["trials"] == 4 for r in runs), runs
+    assert sorted(values.groupby("build").size().items()) == [("set4", 24), ("two_choice", 24)]
+
+
+@pytest.fixture(scope="module")
+def stepped(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A reports folder of 23 runs whose hit rate steps up by 2 sd at the 21st, imported into its
+    default history."""
+    reports = tmp_path_factory.mktemp("stepped")
+    folders = history_sim.write_series(reports, history_sim.step_series(np.random.default_rng(11), 3))
+    assert main(["history", "import", "--reports-dir", str(reports), *map(str, folders)]) == 0
+    return reports
+
+
+def test_change_found_at_the_step_and_none_without(stepped: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    quiet = history_sim.write_series(tmp_path, history_sim.quiet_series(np.random.default_rng(12)))
+    cli(capsys, "history", "import", "--reports-dir", str(tmp_path), *map(str, quiet))
+    found = json_lines(cli(capsys, "history", "changes", "--json", "--build", "set4", "--reports-dir", str(stepped)))
+    assert [(c["run_before"], c["run_after"], c["ref_before"], c["ref_after"], c["metric"], c["request"])
+            for c in found] == [("run019", "run020", "c19", "c20", "hit_rate", "B-new-start")], found
+    change = found[0]
+    assert float(change["p_value"]) <= 0.01  # type: ignore[arg-type]
+    assert math.isclose(float(change["mean_after"]) - float(change["mean_before"]),  # type: ignore[arg-type]
+                        history_sim.STEP_SD * history_sim.SD, rel_tol=0.5)
+    table = cli(capsys, "history", "changes", "--build", "set4", "--reports-dir", str(stepped))
+    assert "run019 / run020" in table and "c19 / c20" in table and "1 change point(s)" in table
+    assert json_lines(cli(capsys, "history", "changes", "--json", "--build", "set4", "--reports-dir",
+                          str(tmp_path))) == []
+    trend = json_lines(cli(capsys, "history", "trend", "--json", "--build", "set4", "--reports-dir", str(stepped)))
+    assert len(trend) == 23 and all(r["ci_low"] < r["mean"] < r["ci_high"] for r in trend)  # type: ignore[operator]
+
+
+def test_change_point_rates_hold_quick() -> None:
+    """The rates docs/history.md states (`python -m tests.history_sim`), on fewer series: false alarms
+    at most alpha (up to binomial noise), a 2 sd step found at its run within 3 runs in 90 %."""
+    series = 100
+    rates = history_sim.measure(series, seed=2, after=(3,))
+    assert rates.false_alarms <= binomial_bound(series, history_sim.ALPHA), rates
+    # measured on 1000 series: 93.5 % at the step's run, 98.8 % within one run
+    assert rates.found_exact[3] >= 0.85 * series and rates.found_near[3] >= 0.93 * series, rates
+    heavy_tails = history_sim.other_noise_false_alarms(series, seed=3, kinds=["heavy tails (t3)"])["heavy tails (t3)"]
+    assert heavy_tails * series <= binomial_bound(series, history_sim.ALPHA), heavy_tails
+
+
+def test_plan_sizes_from_the_past_noise_within_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(6)
+    series = [np.asarray(values) + shift
+              for values, shift in zip(history_sim.quiet_series(rng, 5), (0, 0.01, -0.01, 0.02, 0))]
+    folders = history_sim.write_series(tmp_path, [list(v) for v in series])
+    cli(capsys, "history", "import", "--reports-dir", str(tmp_path), *map(str, folders))
+    out = cli(capsys, "plan", "--history", default_url(tmp_path), "--scenario", "reread-1g", "--effect", "0.002",
+              "--alpha", "0.01", "--json")
+    sizing, = json.loads(out)
+    within = math.sqrt(sum(((v - v.mean()) ** 2).sum() for v in series) / (20 - 5))
+    assert math.isclose(sizing["sd"], within, rel_tol=1e-9)  # the drift between runs is not noise
+    assert sizing["trials_per_build"] >= 2 and sizing["request"] == "B-new-start"
+    assert main(["plan", "--history", default_url(tmp_path), "--scenario", "long-prompt", "--effect", "0.1"]) == 2
+    assert "no trials of scenario 'long-prompt'" in capsys.readouterr().err
+
+
+def test_bad_history_url_is_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["history", "runs", "--history", "not a url"]) == 2
+    assert "is not a SQLAlchemy URL; expected e.g. sqlite:///" in capsys.readouterr().err
+    assert main(["history", "runs", "--history", "sqlite:////no/such/folder/h.sqlite"]) == 2
+    assert "the folder /no/such/folder does not exist" in capsys.readouterr().err
+
+
+def chromium() -> object:
+    """A headless Chromium through Selenium, the distribution's browser and driver."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if browser is None or driver is None:
+        pytest.fail(f"Chromium or chromedriver is missing; {CHROMIUM_HINT}", pytrace=False)
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(driver), options=options)
+
+
+def test_page_loads_in_a_browser_with_every_run_and_its_plots(stepped: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    folders = sorted(p for p in stepped.iterdir() if p.is_dir())
+    out = cli(capsys, "history", "html", str(tmp_path / "page"), "--reports-dir", str(stepped))
+    page = Path(out.strip())
+    assert page == tmp_path / "page" / "index.html"
+    driver = chromium()
+    try:
+        driver.get(page.as_uri())  # type: ignore[attr-defined]
+        run_ids = driver.execute_script(  # type: ignore[attr-defined]
+            "return [...document.querySelectorAll('#runs tr[data-run]')].map(r => r.dataset.run)")
+        assert run_ids == [f.name for f in folders]
+        plots = driver.execute_script(  # type: ignore[attr-defined]
+            "return [...document.querySelectorAll('img.plot')].map(i => [i.complete, i.naturalWidth, i.alt])")
+        assert plots and all(done and width > 100 for done, width, _ in plots), plots
+        assert any("changed between run019 and run020" in alt for _, _, alt in plots), plots
+        fetched = driver.execute_script(  # type: ignore[attr-defined]
+            "return performance.getEntriesByType('resource').map(e => e.name)")
+        assert all(name.startswith("data:") for name in fetched), fetched  # self-contained: no fetches
+        errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]  # type: ignore[attr-defined]
+        assert errors == []
+    finally:
+        driver.quit()  # type: ignore[attr-defined]
+
+
+def test_history_url_from_the_inventory_or_the_command_line_is_checked(tmp_path: Path) -> None:
+    from cache_qualify.config.inventory import load_inventory
+    from cache_qualify.errors import InventoryError
+    from tests.labfixtures import REPO, qualify_command, write_inventory
+
+    inventory = write_inventory(tmp_path)
+    text = inventory.read_text(encoding="utf-8")
+    inventory.write_text(text + "history: postgresql://runner@db.lab/qualify\n", encoding="utf-8")
+    assert load_inventory(inventory).history == "postgresql://runner@db.lab/qualify"
+    inventory.write_text(text + "history: db.lab/qualify\n", encoding="utf-8")
+    with pytest.raises(InventoryError, match=r"hosts.yaml:\d+: history: .*expected a SQLAlchemy URL such as "
+                                             r"postgresql://.*found 'db.lab/qualify'"):
+        load_inventory(inventory)
+    inventory.write_text(text, encoding="utf-8")
+    proc = subprocess.run(qualify_command(inventory, tmp_path / "reports", "--history", "nosuchdb://x/y"),
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4, proc.stdout + proc.stderr  # refused before any lab time
+    assert "no driver for 'nosuchdb'" in proc.stdout + proc.stderr

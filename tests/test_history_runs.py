@@ -1,0 +1,105 @@
+"""Whole qualifications on the simulated lab write the history as they go.
+
+Two runners at once into one PostgreSQL (one told by `--history`, one by the
+inventory's `history:`), and two runners at once into the default SQLite of one
+reports folder, one of them killed mid-run (left unfinished with its trials so
+far) and then completed by `--resume` into the same record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cache_qualify.history.store import History, default_url
+from tests.labfixtures import run_qualify, start_qualify, write_inventory
+from tests.postgres import Postgres, postgres_server
+from tests.test_resume import OPTIONS, wait_mid_trial
+
+pytestmark = pytest.mark.slow
+
+TRIALS = 4  # OPTIONS: two per build
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Postgres]:
+    with postgres_server() as server:
+        yield server
+
+
+def runs_json(history: str | None, cwd: Path) -> list[dict[str, object]]:
+    """`cache-qualify history runs --json`, as a lab engineer types it."""
+    proc = subprocess.run(["cache-qualify", "history", "runs", "--json", *(["--history", history] if history else [])],
+                          cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def lab(tmp_path: Path, name: str) -> Path:
+    """A private simulated lab (its own port and folder on the hosts) for one runner."""
+    folder = tmp_path / name
+    folder.mkdir()
+    return write_inventory(folder)
+
+
+def with_history(inventory: Path, url: str) -> Path:
+    data = yaml.safe_load(inventory.read_text(encoding="utf-8"))
+    data["history"] = url
+    inventory.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return inventory
+
+
+def finish(proc: subprocess.Popen[str]) -> str:
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    return out
+
+
+def test_two_runners_write_one_postgresql_at_once(tmp_path: Path, postgres: Postgres) -> None:
+    url = postgres.create_database("two_runners")
+    first, second = lab(tmp_path, "a"), with_history(lab(tmp_path, "b"), url)
+    procs = [start_qualify(first, tmp_path / "reports-a", "--run-id", "runner-a", "--history", url, *OPTIONS),
+             start_qualify(second, tmp_path / "reports-b", "--run-id", "runner-b", *OPTIONS)]
+    outputs = [finish(p) for p in procs]
+    assert all("history: postgresql+psycopg://qualify@127.0.0.1" in out for out in outputs), outputs
+    runs = runs_json(url, tmp_path)
+    listed = sorted((str(r["run_id"]), r["outcome"], r["trials"], r["finished"], r["exit_status"]) for r in runs)
+    assert listed == [("runner-a", "pass", TRIALS, True, 0), ("runner-b", "pass", TRIALS, True, 0)], runs
+    with History(url) as history:
+        live = history.dump()
+        # what the runners wrote as they went is what importing their folders gives: nothing is added
+        assert [history.record(tmp_path / f"reports-{x}" / f"runner-{x}") for x in "ab"] == [0, 0]
+        assert history.dump() == live
+        samples = len(history.values(scenario="reread-1g"))
+    written = sum(len(json.loads((tmp_path / f"reports-{x}" / f"runner-{x}" / "verdicts-reread-1g.json")
+                                 .read_text(encoding="utf-8"))) for x in "ab")
+    assert samples > 0 and len(live["verdicts"]) == written > 0
+    assert {row[1] for row in live["builds"]} == {"set4", "two_choice"}
+    assert {row[14] for row in live["trials"]} == {"default"}  # the host group the trials ran on
+
+
+def test_killed_runner_is_unfinished_until_resumed_sqlite(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    killed = start_qualify(lab(tmp_path, "k"), reports, "--run-id", "killed", *OPTIONS)
+    other = start_qualify(lab(tmp_path, "o"), reports, "--run-id", "other", *OPTIONS)
+    wait_mid_trial(killed, reports / "killed")
+    os.killpg(killed.pid, signal.SIGKILL)  # the runner dies: no end of run is recorded
+    killed.communicate(timeout=60)
+    url = default_url(reports)
+    with History(url) as history:
+        mid = {r["run_id"]: r for r in history.runs()}["killed"]
+    assert (mid["finished"], mid["outcome"], mid["exit_status"]) == (False, "unfinished", None)
+    assert mid["trials"] >= 1
+    finish(other)
+    resumed = run_qualify(tmp_path / "k" / "hosts.yaml", reports, "--resume", "killed")
+    assert resumed.returncode == 0, resumed.output
+    # no --history: the default, reports/history.sqlite under the working folder
+    listed = sorted((str(r["run_id"]), r["outcome"], r["trials"], r["finished"]) for r in runs_json(None, tmp_path))
+    assert listed == [("killed", "pass", TRIALS, True), ("other", "pass", TRIALS, True)], listed
