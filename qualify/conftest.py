@@ -1,7 +1,9 @@
-"""Parametrization of the qualification tests: one test per scenario and assertion.
+"""Parametrization of the qualification tests: one test per scenario, candidate and assertion.
 
 Each scenario is one xdist group (`--dist loadgroup`), so its tests run on one
 worker, which claims a free host group and runs the scenario's trials once.
+Test ids carry the scenario when several run, and the candidate when several
+are compared with the baseline: ``reread-1g:two_choice:hit_rate-gain[B-new-start]``.
 """
 
 from __future__ import annotations
@@ -17,19 +19,22 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     state = state_of(metafunc.config)
     several = len(state.scenarios) > 1
     if "assertion_id" in metafunc.fixturenames:
-        from cache_qualify.qualification import assertions_for
+        from cache_qualify.qualification import arm_labels, assertions_for
 
+        inventory = state.inventory
+        _, arms = arm_labels(inventory.baseline, inventory.candidates)
         kinds = metafunc.definition.get_closest_marker("assertion_metrics")
         wanted = kinds.args if kinds else None
         params = []
         for given in state.scenarios:
             scenario = state.qualifier().scenario(given)
-            for a in assertions_for(scenario):
-                if wanted is None or a.metric in wanted:
-                    test_id = f"{scenario.name}:{a.id}" if several else a.id
-                    params.append(pytest.param(given, a.id, id=test_id,
-                                               marks=pytest.mark.xdist_group(scenario.name)))
-        metafunc.parametrize(("scenario_name", "assertion_id"), params)
+            for arm in arms:
+                for a in assertions_for(scenario):
+                    if wanted is None or a.metric in wanted:
+                        parts = [scenario.name] * several + [arm] * (len(arms) > 1) + [a.id]
+                        params.append(pytest.param(given, arm, a.id, id=":".join(parts),
+                                                   marks=pytest.mark.xdist_group(scenario.name)))
+        metafunc.parametrize(("scenario_name", "candidate", "assertion_id"), params)
     else:
         params = []
         for given in state.scenarios:

@@ -30,6 +30,6 @@ def test_counter_consistency(qualifier: Qualifier, scenario_name: str) -> None:
 
 
 @pytest.mark.assertion_metrics(*ROW_CACHE_METRICS)
-def test_row_cache(qualifier: Qualifier, scenario_name: str, assertion_id: str,
+def test_row_cache(qualifier: Qualifier, scenario_name: str, candidate: str, assertion_id: str,
                    record_property: RecordProperty) -> None:
-    check_verdict(qualifier.result(scenario_name), assertion_id, record_property)
+    check_verdict(qualifier.result(scenario_name), assertion_id, record_property, candidate)

@@ -13,6 +13,6 @@ def test_all_ranks_started(qualifier: Qualifier, scenario_name: str) -> None:
 
 
 @pytest.mark.assertion_metrics("kv_pages")
-def test_kv_pages(qualifier: Qualifier, scenario_name: str, assertion_id: str,
+def test_kv_pages(qualifier: Qualifier, scenario_name: str, candidate: str, assertion_id: str,
                   record_property: RecordProperty) -> None:
-    check_verdict(qualifier.result(scenario_name), assertion_id, record_property)
+    check_verdict(qualifier.result(scenario_name), assertion_id, record_property, candidate)

@@ -68,7 +68,11 @@ def test_two_choice_beats_set4_at_1g(default_run: QualifyRun) -> None:
         assert outcome == "passed"
         assert VERDICT_PROPERTIES <= set(props), props
         assert props["outcome"] == "pass"
-        assert float(props["p_adjusted"]) <= 0.01
+        assert float(props["p_adjusted"]) < 0.01
+        # the interval lies wholly on the better side of the null boundary (lower is better for waits)
+        better = (float(props["ci_high"]) < float(props["null_boundary"]) if name.startswith("readiness")
+                  else float(props["ci_low"]) > float(props["null_boundary"]))
+        assert better, props
     _, props, _ = case(run, "hit_rate-gain[B-new-start]")
     assert 0.80 < float(props["baseline_mean"]) < 0.93  # the RowCache study's emulation: 85.6 %, measured 87.06 %
     assert float(props["candidate_mean"]) >= 0.97
@@ -91,11 +95,15 @@ def test_the_same_seed_gives_the_same_samples(default_run: QualifyRun, tmp_path:
 def test_aa_run_finds_no_gain(tmp_path: Path) -> None:
     run = qualify(tmp_path, "--candidate", "set4")
     assert run.returncode == 1, run.output
+    outcomes = []
     for name in GAINS:
         outcome, props, message = case(run, name)
         assert outcome == "failed"
-        assert props["outcome"] == "fail"
-        assert "no significant gain" in message, message
+        outcomes.append(props["outcome"])
+        # each gain is shown below its minimum effect, or left open once the scenario cannot pass
+        assert ("Fail: the improvement is shown below the minimum effect" in message
+                or "another assertion failed, so the scenario cannot pass" in message), message
+    assert "fail" in outcomes and set(outcomes) <= {"fail", "inconclusive"}
     outcome, _, _ = case(run, "kv_pages-no_regression[startup]")
     assert outcome == "passed"
 

@@ -191,6 +191,29 @@ def test_baseline_candidate_overrides(tmp_path: Path) -> None:
         load_inventory(path, candidate="lru4")
 
 
+def test_candidate_list_in_the_file_and_on_the_command_line(tmp_path: Path) -> None:
+    text = edit("candidate: two_choice\n", "candidate: [two_choice, lru4]\n").replace(
+        "  two_choice: {path: /opt/b/tc/server, ref: abc123}\n",
+        "  two_choice: {path: /opt/b/tc/server, ref: abc123, cost: a second set probe on a miss}\n"
+        "  lru4: {path: /opt/b/lru4/server}\n")
+    path = write(tmp_path, text)
+    inventory = load_inventory(path)
+    assert inventory.candidates == ("two_choice", "lru4")
+    assert inventory.builds["two_choice"].cost == "a second set probe on a miss"
+    assert load_inventory(path, candidate="lru4,set4").candidates == ("lru4", "set4")
+    assert load_inventory(write(tmp_path, BASE, "one.yaml")).candidates == ("two_choice",)
+    with pytest.raises(InventoryError, match=r"--candidate: build 'lru4' is named twice; each candidate runs once"):
+        load_inventory(path, candidate="lru4,two_choice,lru4")
+    with pytest.raises(InventoryError, match=r"--candidate: unknown build 'set8'; known builds: lru4, set4"):
+        load_inventory(path, candidate="lru4,set8")
+    twice = write(tmp_path, text.replace("candidate: [two_choice, lru4]", "candidate: [lru4, lru4]"), "twice.yaml")
+    with pytest.raises(InventoryError, match=r"twice.yaml:23: candidate\[1\]: build 'lru4' is named twice"):
+        load_inventory(twice)
+    unknown = write(tmp_path, text.replace("candidate: [two_choice, lru4]", "candidate: [lru4, set16]"), "u.yaml")
+    with pytest.raises(InventoryError, match=r"candidate\[1\]: unknown build 'set16'"):
+        load_inventory(unknown)
+
+
 def test_groups_resolved_declared_then_implicit(tmp_path: Path) -> None:
     hosts = "".join(f"  - {{name: h{i}, address: 10.0.0.{i}, rank: {r}}}\n"
                     for i, r in enumerate([1, 0, 1, 0, 0]))

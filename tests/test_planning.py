@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from cache_qualify.cli import main
-from cache_qualify.stats.verdict import power_of, trials_for_power
+from cache_qualify.stats.planning import planned_trials
+from cache_qualify.stats.power import sd_upper
+from cache_qualify.stats.verdict import power_of
 
 COLUMNS = ("run", "scenario", "build", "trial", "block", "request", "host", "rank", "metric", "value")
 
@@ -33,27 +35,39 @@ def _write_pilot(path: Path, *, builds: dict[str, float], sd: float, trials: int
     return values
 
 
-def test_plan_from_a_predicted_effect_runs_as_a_console_script() -> None:
-    done = subprocess.run([sys.executable, "-m", "cache_qualify.cli", "plan", "--effect", "0.0013", "--sd", "0.001",
-                           "--json"], capture_output=True, text=True, timeout=60, check=False)
+def test_plan_from_a_min_effect_runs_as_a_console_script_and_sizes_the_rule_as_implemented() -> None:
+    """A gain is H0 "improvement <= min_effect": sized for a true 1.5 x min_effect, i.e. 0.5 x min_effect
+    from the null, on paired blocks (differences vary by sqrt(2) x sd)."""
+    done = subprocess.run([sys.executable, "-m", "cache_qualify.cli", "plan", "--min-effect", "0.002", "--sd",
+                           "0.001", "--json"], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     [row] = json.loads(done.stdout)
     n = row["trials_per_build"]
-    assert power_of(0.0013, 0.001, n, alpha=0.05) >= 0.9 > power_of(0.0013, 0.001, n - 1, alpha=0.05)
-    assert row["max_trials_sequential"] == math.ceil(1.3 * n)
+    assert row["effect"] == pytest.approx(0.003) and row["null"] == 0.002
+    sd_d = math.sqrt(2) * 0.001
+    assert power_of(0.001, sd_d, n, alpha=0.05, paired=True) >= 0.9 > power_of(0.001, sd_d, n - 1, alpha=0.05,
+                                                                                 paired=True)
+    assert row["max_trials_sequential"] == n   # the sequential design never runs more than the fixed one
 
 
-def test_plan_from_a_pilot_uses_the_combined_rows_and_both_builds(tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_predicted_effect_below_min_effect_or_a_worse_candidate_is_not_sized_as_a_gain(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--effect", "-0.01", "--sd", "0.001", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["trials_per_build"] is None and "not above the minimum effect" in row["note"]
+
+
+def test_plan_from_a_pilot_uses_the_combined_rows_both_builds_and_the_sd_bound(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     values = _write_pilot(tmp_path / "samples.csv", builds={"set4": 0.860, "two_choice": 0.862}, sd=0.002, trials=6)
     assert main(["plan", "--samples", str(tmp_path), "--family-size", "2"]) == 0
     out = capsys.readouterr().out
     sd = math.sqrt((values["set4"].var(ddof=1) + values["two_choice"].var(ddof=1)) / 2)
-    effect = abs(values["two_choice"].mean() - values["set4"].mean())
-    expected = trials_for_power(effect, sd, alpha=0.025)
-    assert "Holm over 2 gain assertion(s)" in out
-    assert f"| hit_rate | B-new-start | {values['set4'].mean():.6g} | {values['two_choice'].mean():.6g} |" in out
-    assert expected is not None and f"| {expected} | {math.ceil(1.3 * expected)} |" in out
+    effect = values["two_choice"].mean() - values["set4"].mean()
+    expected = planned_trials(effect, sd_upper(sd, 10.0), alpha=0.05, gains=2)
+    assert "all 2 gain(s) pass (each at 94.9%)" in out and "60% upper confidence limit" in out
+    assert f"| hit_rate | B-new-start | gain | {100 * values['set4'].mean():.4g} % |" in out
+    assert expected is not None and f"| {expected} | {expected} |" in out
 
 
 def test_plan_with_one_build_takes_the_predicted_effect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -81,22 +95,43 @@ def test_plan_explains_unusable_pilots(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_plan_refuses_missing_inputs_and_unknown_builds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--effect", "0.1"]) == 2
-    assert ("give a pilot run (`--samples PATH`), `--emulate` with two policies, or a predicted `--effect` "
-            "and `--sd`") in capsys.readouterr().err
+    assert ("give a pilot run (`--samples PATH`), `--emulate` with two policies, or a predicted `--sd` "
+            "(with `--effect` or `--min-effect`)") in capsys.readouterr().err
     _write_pilot(tmp_path / "samples.csv", builds={"set4": 0.86, "lru4": 0.85}, sd=0.001, trials=4)
     assert main(["plan", "--samples", str(tmp_path), "--candidate", "set8"]) == 2
     assert "--candidate 'set8' is not a build of the pilot; it has set4, lru4" in capsys.readouterr().err
 
 
-def test_plan_from_the_emulators_prediction(capsys: pytest.CaptureFixture[str]) -> None:
-    """Effect and start-to-start noise from the emulator: the RowCache study's large re-read gain needs the minimum."""
-    assert main(["plan", "--emulate", "--baseline", "set4", "--candidate", "two_choice", "--seeds", "3",
-                 "--alpha", "0.01", "--family-size", "4", "--json"]) == 0
+def test_plan_from_the_emulators_prediction_sizes_only_the_scenario_s_hit_rate_assertions(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Effect and start-to-start noise from the emulator: the RowCache study's large re-read gain needs the
+    minimum, and first reads are sized as the no_regression they are (not as gains)."""
+    assert main(["plan", "--emulate", "--baseline", "set4", "--candidate", "two_choice", "--seeds", "4",
+                 "--alpha", "0.01", "--json"]) == 0
     sizings = {s["request"]: s for s in json.loads(capsys.readouterr().out)}
+    assert set(sizings) == {"B-new-start", "A-third-read", "A", "B", "A-new-start"}
     reread = sizings["B-new-start"]
+    assert reread["kind"] == "gain" and reread["null"] == 0.02
     assert 0.80 < reread["baseline_mean"] < 0.93 and reread["candidate_mean"] > 0.97
-    assert 0 < reread["sd"] < 0.01
+    assert 0 < reread["sd"] < reread["sd_sized"] < 0.01
     assert reread["trials_per_build"] <= 3
+    first = sizings["A"]
+    assert first["kind"] == "no_regression" and first["trials_per_build"] <= 3
+
+
+def test_plan_prints_values_in_their_units(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--metric", "readiness_wait_ns", "--min-effect", "2e8", "--sd", "3.5e8"]) == 0
+    assert "| readiness_wait_ns | - | gain | - | - | +0.3 s | +0.2 s | 0.35 s |" in capsys.readouterr().out
+
+
+def test_plan_sizes_a_tournament_from_the_emulator(capsys: pytest.CaptureFixture[str]) -> None:
+    """Starts per arm for two candidates at once: each sized on the scenario's gains, the baseline shared."""
+    assert main(["plan", "--emulate", "--baseline", "set4", "--candidate", "set8,two_choice", "--seeds", "3",
+                 "--alpha", "0.01", "--family-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "## Candidate set8 (vs set4)" in out and "## Candidate two_choice (vs set4)" in out
+    assert "| set4 (baseline, shared) | 2 |\n| set8 | 2 |\n| two_choice | 2 |" in out
+    assert "6 server starts in one run against 8 in one two-arm run per candidate (25% fewer)." in out
 
 
 def test_plan_emulate_needs_two_policies(capsys: pytest.CaptureFixture[str]) -> None:

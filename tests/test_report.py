@@ -445,3 +445,18 @@ def test_the_summary_shows_the_scenarios_description_from_the_file_the_run_used(
     assert scenario_description(load_run(run.path), SCENARIO) == ""   # not the file the run used
     scenario_file.unlink()
     assert scenario_description(load_run(run.path), SCENARIO) == ""
+
+
+def test_flagged_starts_are_listed_with_their_logs(copied_run: Path) -> None:
+    """A start the verdicts set aside as far out (cache_qualify.stats.starts) is listed once, with its logs."""
+    path = copied_run / f"verdicts-{SCENARIO}.json"
+    verdicts = json.loads(path.read_text())
+    flag = {"arm": "candidate", "trial": 1, "block": 1, "metric": "readiness_wait_ns",
+            "requests": ["B-new-start"], "studentized_distance": [9.5], "excluded": True}
+    for v in verdicts[:2]:
+        v["flagged_starts"] = [flag]
+    path.write_text(json.dumps(verdicts))
+    summary = render_run(copied_run).read_text()
+    names = ", ".join(f"{v['id']} (set aside)" for v in verdicts[:2])
+    assert f"- **{CAND} trial 2**: {names}" in summary
+    assert "Flagged starts (every value of a metric far out of the build's other starts):" in summary

@@ -7,10 +7,8 @@ import pytest
 
 from cache_qualify.errors import PlanError
 from cache_qualify.stats.sequential import DEFAULT_BOUNDARY, Boundary, fractions_of, nominal_alpha, plan_looks
-from cache_qualify.stats.verdict import Assertion, Verdict, carry, decided, evaluate
-from tests import stats_sim
+from cache_qualify.stats.verdict import Assertion, Trials, Verdict, carry, decided, evaluate
 
-RUNS = 2000
 ALPHA = 0.05
 
 
@@ -57,7 +55,7 @@ def _crossing_rate(boundary: Boundary, alpha: float, fractions: tuple[float, ...
     return float(crossed.mean())
 
 
-@pytest.mark.parametrize("boundary", [DEFAULT_BOUNDARY, Boundary(rho=3.0, futility_z=float("-inf"))])
+@pytest.mark.parametrize("boundary", [DEFAULT_BOUNDARY, Boundary(rho=1.0, futility_z=0.0)])
 def test_boundary_spends_exactly_alpha_on_the_normal_scale(boundary: Boundary) -> None:
     fractions = fractions_of(plan_looks(initial=3, block=1, max_trials=13))
     paths = 400_000
@@ -81,40 +79,53 @@ def test_interim_look_continues_and_carry_keeps_decided_verdicts() -> None:
     looks = (3, 4, 5, 6)
     undecided = _verdicts(0.0012, 3, look=1, looks=looks)
     assert undecided[0].outcome == "inconclusive" and not decided(undecided)
-    assert "more trials follow" in undecided[0].reason
-    failed = _verdicts(-0.002, 4, look=2, looks=looks)
+    assert "more trials follow" in undecided[0].reason and undecided[0].trials_needed is None
+    failed = _verdicts(-0.004, 4, look=2, looks=looks)
     assert failed[0].outcome == "fail" and decided(failed)
+    assert "shown below the minimum effect 0" in failed[0].reason
     later = _verdicts(0.02, 5, look=3, looks=looks)
     assert later[0].outcome == "pass"
-    assert carry(failed, later) == failed  # binding futility: a fail stays a fail
+    assert carry(failed, later) == failed  # a decided verdict stays decided
     assert carry(undecided, later) == later
 
 
-# --- the gate by simulation (tests/stats_sim.py; figures in docs/statistics.md) -----------------
-
-def test_sequential_a_a_declares_a_gain_at_most_alpha_of_the_time() -> None:
-    result = stats_sim.simulate(stats_sim.LAB, [0.0] * len(stats_sim.LAB), stats_sim.AA_SEQUENTIAL,
-                                runs=RUNS, alpha=ALPHA, seed=2)
-    assert result.gains_declared <= stats_sim.binomial_bound(RUNS, ALPHA)
-    assert result.outcomes["inconclusive"] == 0  # every A/A gain ends decided: fail, or a rare false pass
-
-
-def test_sequential_needs_fewer_trials_than_fixed_at_equal_power_for_a_moderate_effect() -> None:
-    effect = stats_sim.moderate_effect(stats_sim.HIT_RATE.sd, alpha=ALPHA)
-    fixed = stats_sim.simulate([stats_sim.HIT_RATE], [effect], stats_sim.FIXED_MODERATE,
-                               runs=RUNS, alpha=ALPHA, seed=3)
-    sequential = stats_sim.simulate([stats_sim.HIT_RATE], [effect], stats_sim.SEQUENTIAL_MODERATE,
-                                    runs=RUNS, alpha=ALPHA, seed=4)
-    # equal power within the simulation's error (99 %, two binomial proportions)
-    tolerance = 2.58 * np.sqrt(2 * 0.9 * 0.1 / RUNS)
-    assert abs(fixed.power - 0.9) < tolerance
-    assert sequential.power >= fixed.power - tolerance
-    # at least 30 % fewer trials per build on average, within the simulation's error (sd of N ~ 3)
-    assert sequential.mean_trials <= 0.7 * 10 + 2.58 * 3 / np.sqrt(RUNS)
-    assert sequential.mean_trials < 0.75 * fixed.mean_trials
+def test_binding_futility_fails_a_gain_whose_estimate_is_not_above_min_effect() -> None:
+    a = Assertion("hit_rate", "B-new-start", "gain", True, min_effect=0.001)
+    offsets = np.array([-0.002, 0.002, -0.001, 0.001])
+    samples = {a.id: (0.86 + offsets, 0.8605 + offsets[::-1])}   # 0.0005 better: not above min_effect
+    [v] = evaluate([a], samples, alpha=ALPHA, look=2, looks=(3, 4, 5, 6), boundary=Boundary(futility_z=0.0))
+    assert v.outcome == "fail" and "binding futility" in v.reason
+    [w] = evaluate([a], samples, alpha=ALPHA, look=2, looks=(3, 4, 5, 6))   # the default has none
+    assert w.outcome == "inconclusive"
 
 
-def test_sequential_stops_at_the_minimum_for_the_report_s_large_effect() -> None:
-    result = stats_sim.simulate([stats_sim.HIT_RATE], [0.13], stats_sim.LARGE, runs=RUNS, alpha=ALPHA, seed=5)
-    assert result.power == 1.0
-    assert result.max_trials_used == stats_sim.LARGE.trials
+def test_the_default_boundary_is_o_brien_fleming_like_without_futility() -> None:
+    assert (DEFAULT_BOUNDARY.rho, DEFAULT_BOUNDARY.has_futility) == (3.0, False)
+    nominal = DEFAULT_BOUNDARY.nominal_alphas(0.01, fractions_of(plan_looks(initial=3, block=1, max_trials=10)))
+    assert nominal[0] < 0.0003 and 0.006 < nominal[-1] < 0.01
+
+
+
+# --- the gate by simulation: tests/test_validation.py (cache_qualify.stats.validation) -----------
+
+
+def test_more_trials_decide_what_the_fixed_design_left_inconclusive() -> None:
+    """A wait gain of 3 x min_effect with start noise: inconclusive at 4 trials per build, decided by 12."""
+    a = Assertion("readiness_wait_ns", "B-new-start", "gain", False, min_effect=2e8)
+    rng = np.random.default_rng(12)
+    base, cand = rng.normal(2.1e9, 2.5e8, 12), rng.normal(1.5e9, 2.5e8, 12)
+    blocks = tuple(range(12))
+
+    def trials(values: np.ndarray, n: int) -> Trials:
+        return Trials(tuple(values[:n]), blocks[:n], blocks[:n])
+
+    [fixed] = evaluate([a], {a.id: (trials(base, 4), trials(cand, 4))}, alpha=0.01)
+    assert fixed.outcome == "inconclusive" and fixed.trials_needed is not None
+    looks = plan_looks(initial=4, block=1, max_trials=12)
+    verdicts: list[Verdict] | None = None
+    for k, n in enumerate(looks, start=1):
+        verdicts = carry(verdicts, evaluate([a], {a.id: (trials(base, n), trials(cand, n))}, alpha=0.01,
+                                            look=k, looks=looks))
+        if decided(verdicts):
+            break
+    assert verdicts is not None and decided(verdicts)

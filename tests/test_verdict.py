@@ -1,4 +1,5 @@
-"""cache_qualify.stats.verdict: tests against scipy's reference numbers, outcomes, degenerate data, plans, A/A."""
+"""cache_qualify.stats.verdict: tests against scipy's reference numbers, the decision rules, exact tests,
+blocked analysis, bad starts, degenerate data and plans."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import pytest
 from scipy import stats
 
 from cache_qualify.errors import PlanError
-from cache_qualify.stats.verdict import (Assertion, VerdictWarning, _holm, check_plan, evaluate, power_of,
-                              trials_for_power)
-from tests import stats_sim
+from cache_qualify.stats.power import sd_upper
+from cache_qualify.stats.verdict import (Assertion, Trials, VerdictWarning, _holm, check_plan, evaluate, power_of,
+                                         trials_for_power)
 
 ALPHA = 0.05
 HIT = Assertion("hit_rate", "B-new-start", "gain", True)
@@ -58,14 +59,14 @@ def test_holm_adjusted_p_values_match_the_textbook() -> None:
     assert ranks == [1, 3, 2, 0]
 
 
-def test_holm_decides_over_the_gain_family_only() -> None:
-    # each gain alone would pass at 0.05; over two, the weaker one needs p <= 0.05 after the first
+def test_holm_decides_over_the_gain_family_only_when_any_one_may_decide() -> None:
+    # several candidates in one run: each gain alone would pass at 0.05; over two, Holm
     base = _normal(0.86, 0.001, 8, 5)
     strong, weak = base + 0.004, base + 0.0009 + _normal(0, 0.0006, 8, 6)
     second = Assertion("hit_rate", "A-third-read", "gain", True)
     samples = {HIT.id: (base, strong), second.id: (base, weak), KV.id: (np.full(8, 41300.0) +
                _normal(0, 30, 8, 7), np.full(8, 41290.0) + _normal(0, 30, 8, 8))}
-    verdicts = evaluate([HIT, second, KV], samples, alpha=ALPHA)
+    verdicts = evaluate([HIT, second, KV], samples, alpha=ALPHA, family="any")
     by_id = {v.assertion.id: v for v in verdicts}
     ps = sorted([by_id[HIT.id].p_value, by_id[second.id].p_value])
     assert by_id[HIT.id].p_adjusted == pytest.approx(2 * ps[0])
@@ -78,8 +79,10 @@ def test_the_report_s_gain_passes_with_a_reason_and_json_figures() -> None:
     base, cand = _normal(0.86, 0.001, 5, 9), _normal(0.99, 0.001, 5, 10)
     [v] = evaluate([HIT], {HIT.id: (base, cand)}, alpha=ALPHA, method="permutation")
     assert v.outcome == "pass" and v.trials_needed is None
-    assert re.match(r"Pass: the improvement 0\.1\d+ is significant \(one-sided p 0\.00397 <= 0\.05\)", v.reason)
-    assert "permutation one-sided p" in v.reason and "5 and 5 trials" in v.reason
+    assert re.match(r"Pass: the improvement is above the minimum effect 0 \(one-sided p 0\.00397 < 0\.05; "
+                    r"lower bound 0\.1\d+ > 0\)", v.reason)
+    assert "unpaired permutation one-sided p" in v.reason and "5 and 5 trials" in v.reason
+    assert v.ci.low > 0 and v.ci.low < v.difference < v.ci.high  # the inverted permutation test's interval
     figures = json.loads(json.dumps(v.as_dict(), allow_nan=False))
     assert figures["id"] == HIT.id and figures["baseline"] == list(base)
     assert figures["ci_level"] == pytest.approx(0.9)
@@ -89,7 +92,7 @@ def test_kv_pages_regression_fails_and_a_small_loss_inside_the_margin_passes() -
     base = _normal(41_300, 30, 5, 11)
     [lost] = evaluate([KV], {KV.id: (base, 0.75 * base)}, alpha=ALPHA)
     assert lost.outcome == "fail"
-    assert "no significant non-inferiority: the estimated difference is already past the margin" in lost.reason
+    assert "Fail: a regression beyond the margin (826" in lost.reason and lost.ci.high < lost.boundary
     [small] = evaluate([KV], {KV.id: (base, base - 100)}, alpha=ALPHA)
     assert small.outcome == "pass"
 
@@ -99,27 +102,29 @@ def test_a_worse_candidate_fails_saying_it_was_not_better() -> None:
     [v] = evaluate([third_read], {third_read.id: (_normal(0.864, 0.001, 5, 12), _normal(0.696, 0.001, 5, 13))},
                    alpha=ALPHA)
     assert v.outcome == "fail"
-    assert v.reason.startswith("Fail: no significant gain: the candidate was not better on average.")
+    assert v.reason.startswith("Fail: the improvement is shown below the minimum effect 0 (upper bound -0.1")
 
 
 def test_a_gain_that_cannot_reach_the_minimum_effect_fails() -> None:
     needy = Assertion("hit_rate", "B-new-start", "gain", True, min_effect=0.05)
     [v] = evaluate([needy], {needy.id: (_normal(0.86, 0.001, 5, 14), _normal(0.87, 0.001, 5, 15))}, alpha=ALPHA)
     assert v.outcome == "fail"
-    assert "below the minimum effect 0.05" in v.reason
+    assert "the improvement is shown below the minimum effect 0.05" in v.reason
 
 
-def test_an_underpowered_gain_is_inconclusive_naming_the_trials_that_would_decide() -> None:
+def test_an_underpowered_gain_is_inconclusive_naming_the_trials_for_1_5_x_min_effect_at_the_sd_bound() -> None:
     needy = Assertion("hit_rate", "B-new-start", "gain", True, min_effect=0.003)
     offsets = np.array([-0.002, 0.002, -0.001, 0.001])
-    base, cand = 0.86 + offsets, 0.8615 + offsets[::-1]   # 0.0015 better, sd 0.0018: not significant
+    base, cand = 0.86 + offsets, 0.8635 + offsets[::-1]   # 0.0035 better, sd 0.0018: not shown above 0.003
     [v] = evaluate([needy], {needy.id: (base, cand)}, alpha=ALPHA)
-    assert v.outcome == "inconclusive"
+    assert v.outcome == "inconclusive" and v.p_value > ALPHA
     sd = math.sqrt((base.var(ddof=1) + cand.var(ddof=1)) / 2)
-    assert v.trials_needed == trials_for_power(0.003, sd, alpha=ALPHA)
-    assert v.trials_needed is not None and 4 < v.trials_needed <= 16
-    assert power_of(0.003, sd, v.trials_needed, alpha=ALPHA) >= 0.9
-    assert f"about {v.trials_needed} trials per build would give power 90% for 0.003" in v.reason
+    bound = sd_upper(sd, 6.0)   # Welch df of two equal-variance builds of 4
+    assert v.trials_needed == trials_for_power(0.0015, bound, alpha=ALPHA)
+    assert v.trials_needed is not None and power_of(0.0015, bound, v.trials_needed, alpha=ALPHA) >= 0.9
+    assert (f"about {v.trials_needed} trials per build would give power 90% for a true improvement of 1.5 x "
+            f"the minimum effect (distance 0.0015 from the null)") in v.reason
+    assert f"the trials vary by sd {sd:.4g} (60% upper bound {bound:.4g})" in v.reason
 
 
 def test_trials_for_power_reaches_the_power() -> None:
@@ -135,7 +140,7 @@ def test_zero_variance_is_decided_by_the_values_with_a_warning() -> None:
         verdicts = evaluate([KV, HIT], {KV.id: (same, same), HIT.id: ([0.9] * 4, [0.9] * 4)}, alpha=ALPHA)
     kv, hit = verdicts
     assert kv.outcome == "pass" and "the values decide without a test" in kv.reason
-    assert hit.outcome == "fail" and "not better on average" in hit.reason
+    assert hit.outcome == "fail" and "no minimum effect to size more trials for" in hit.reason
 
 
 def test_one_trial_or_nan_is_inconclusive_and_explained() -> None:
@@ -152,32 +157,174 @@ def test_one_trial_or_nan_is_inconclusive_and_explained() -> None:
 
 
 @pytest.mark.parametrize(("method", "trials", "family", "message"), [
-    ("mannwhitney", 3, 1, r"mannwhitney cannot reach alpha 0.01 .* smallest possible p is 0.05; "
-                          r"it needs at least 5 trials per build"),
-    ("mannwhitney", 4, 4, r"over 4 gain assertion\(s\) \(Holm: first at 0.0025\).*at least 6 trials"),
+    ("mannwhitney", 3, 1, r"mannwhitney cannot reach alpha 0.01 \(every assertion must pass: each at alpha\) "
+                          r"with 3 trials per build, whose smallest possible p is 0.05 \(a pass needs p below "
+                          r"the level\); it needs at least 5 trials per build"),
+    ("mannwhitney", 5, 4, r"over 4 gain assertion\(s\) \(Holm: first at 0.0025\).*at least 6 trials"),
     ("permutation", 3, 1, r"permutation cannot reach .* at least 5 trials per build"),
-    ("welch", 1, 1, r"welch cannot reach alpha 0.01 .* with 1 trial\(s\) per build; .*at least 2"),
+    ("welch", 1, 1, r"welch cannot reach alpha 0.01 .* with 1 trial\(s\) per build .*at least 2"),
 ])
 def test_check_plan_refuses_plans_that_cannot_reach_alpha(method: str, trials: int, family: int,
                                                           message: str) -> None:
     with pytest.raises(PlanError, match=message):
-        check_plan(method=method, alpha=0.01, trials_per_build=trials, family_size=family)  # type: ignore[arg-type]
+        check_plan(method=method, alpha=0.01, trials_per_build=trials,  # type: ignore[arg-type]
+                   family_size=family, family="any" if family > 1 else "all")
 
 
 def test_check_plan_accepts_reachable_plans_and_checks_the_last_sequential_look() -> None:
     check_plan(method="mannwhitney", alpha=0.01, trials_per_build=5, family_size=1)
-    check_plan(method="welch", alpha=0.01, trials_per_build=2, family_size=8)
+    check_plan(method="welch", alpha=0.01, trials_per_build=2, family_size=8, family="any")
     with pytest.raises(PlanError, match=r"last sequential look at nominal"):
-        check_plan(method="mannwhitney", alpha=0.05, trials_per_build=4, family_size=3, looks=(2, 3, 4))
-    check_plan(method="mannwhitney", alpha=0.05, trials_per_build=4, family_size=3)
+        check_plan(method="mannwhitney", alpha=0.0045, trials_per_build=5, looks=(3, 4, 5))
+    check_plan(method="mannwhitney", alpha=0.0045, trials_per_build=5)
+    # paired on blocks: 2^n sign vectors, so 5 blocks reach 0.05 (1/32) and 4 do not (1/16)
+    check_plan(method="mannwhitney", alpha=0.05, trials_per_build=5, paired=True)
+    with pytest.raises(PlanError, match=r"smallest possible p is 0.0625"):
+        check_plan(method="permutation", alpha=0.05, trials_per_build=4, paired=True)
     with pytest.raises(PlanError, match=r"`method` must be one of welch, mannwhitney, permutation, got 'ks'"):
         check_plan(method="ks", alpha=0.05, trials_per_build=5, family_size=1)  # type: ignore[arg-type]
 
 
-def test_fixed_a_a_declares_a_gain_at_most_alpha_of_the_time_and_reports_no_significant_gain() -> None:
-    runs = 2000
-    zero = [0.0] * len(stats_sim.LAB)
-    result = stats_sim.simulate(stats_sim.LAB, zero, stats_sim.AA_FIXED, runs=runs, alpha=ALPHA, seed=1)
-    assert result.gains_declared <= stats_sim.binomial_bound(runs, ALPHA)
-    gains = sum(result.outcomes.values())
-    assert result.outcomes["fail"] >= 0.9 * gains  # "fail: no significant gain", inconclusive only near the line
+# --- the issue's reproductions, with exact values ------------------------------------------------
+
+def test_mann_whitney_is_exact_with_ties_one_in_220() -> None:
+    """Baseline [0.85, 0.86, 0.87] against nine candidates tied at 0.90: the exact conditional p is
+    1 / C(12, 3) = 1/220 (scipy's method="auto" answers 0.0008, asymptotically)."""
+    base, cand = [0.85, 0.86, 0.87], [0.90] * 9
+    [v] = evaluate([HIT], {HIT.id: (base, cand)}, alpha=0.01, method="mannwhitney")
+    assert v.p_value == pytest.approx(1 / 220, rel=1e-12)
+    assert stats.mannwhitneyu(cand, base, alternative="greater", method="auto").pvalue < 0.001
+    assert v.outcome == "pass"   # 0.0045 < 0.01
+
+
+def test_mann_whitney_at_three_per_build_cannot_pass_at_0_05_and_the_plan_check_agrees() -> None:
+    base, cand = [0.86, 0.86, 0.861], [0.87, 0.87, 0.871]
+    [v] = evaluate([HIT], {HIT.id: (base, cand)}, alpha=0.05, method="mannwhitney")
+    assert v.p_value == pytest.approx(0.05, rel=1e-12) and v.outcome != "pass"
+    assert (v.ci.low, v.ci.high) == (-math.inf, math.inf)   # no shift reaches the level: the interval says so
+    with pytest.raises(PlanError, match=r"smallest possible p is 0.05 \(a pass needs p below the level\)"):
+        check_plan(method="mannwhitney", alpha=0.05, trials_per_build=3)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1000.0])
+def test_permutation_counts_tied_arrangements_despite_floating_point(scale: float) -> None:
+    base, cand = scale * np.array([0.861, 0.862, 0.863]), scale * np.array([0.862, 0.863, 0.864])
+    [v] = evaluate([HIT], {HIT.id: (base, cand)}, alpha=0.05, method="permutation")
+    assert v.p_value == pytest.approx(0.25, rel=1e-12)   # 5 of the 20 splits reach the observed sum
+
+
+def _with_moments(mean: float, sd: float) -> np.ndarray:
+    z = np.array([-1.5, -0.5, 0.5, 1.5])
+    return np.asarray(mean + sd * z / z.std(ddof=1), float)
+
+
+def test_reread_4g_kv_pages_that_show_nothing_either_way_are_inconclusive_not_fail() -> None:
+    """KV pages 12,501 against 12,186 with a 99 % interval of -1,304 to +674 (p 0.58): the interval holds
+    zero and regressions four times the 2 % margin, so nothing is shown."""
+    kv = Assertion("kv_pages", "startup", "no_regression", True, margin=0.02)
+    base, cand = _with_moments(12_501, 377.4), _with_moments(12_186, 377.4)
+    old_ci = stats.ttest_ind(cand, base, equal_var=False).confidence_interval(0.99)
+    assert (old_ci.low, old_ci.high) == pytest.approx((-1304, 674), abs=2)
+    for looks, look in (((4,), 1), ((4, 5, 6, 7, 8, 9, 10, 11, 12), 1)):
+        [v] = evaluate([kv], {kv.id: (base, cand)}, alpha=0.01, looks=looks, look=look)
+        assert v.outcome == "inconclusive"
+        assert v.ci.low < v.boundary < v.ci.high and v.ci.low < 0 < v.ci.high
+    assert v.trials_needed is None   # an interim look: more trials follow
+    [fixed] = evaluate([kv], {kv.id: (base, cand)}, alpha=0.01)
+    assert fixed.trials_needed is not None and fixed.trials_needed > 12
+    assert f"about {fixed.trials_needed} trials per build would give power 90% for equal builds" in fixed.reason
+    assert "the trials vary by sd 377.4" in fixed.reason
+
+
+# --- the rule: a gain is tested against min_effect ------------------------------------------------
+
+def test_a_true_improvement_exactly_at_min_effect_passes_at_most_alpha_of_the_time() -> None:
+    gain = Assertion("hit_rate", "B-new-start", "gain", True, min_effect=0.01)
+    rng = np.random.default_rng(11)
+    runs, passes = 2000, 0
+    for _ in range(runs):
+        [v] = evaluate([gain], {gain.id: (rng.normal(0.86, 0.01, 26), rng.normal(0.87, 0.01, 26))}, alpha=ALPHA)
+        passes += v.outcome == "pass"
+    assert passes <= stats.binom.ppf(0.99, runs, ALPHA)
+
+
+def test_intersection_union_tests_every_assertion_at_alpha_and_the_interval_matches_the_decision() -> None:
+    base = _normal(0.86, 0.001, 8, 5)
+    second = Assertion("hit_rate", "A-third-read", "gain", True)
+    samples = {HIT.id: (base, base + 0.004), second.id: (base, base + 0.0009 + _normal(0, 0.0006, 8, 6))}
+    for v in evaluate([HIT, second], samples, alpha=ALPHA):
+        assert v.level == ALPHA and v.p_adjusted == v.p_value and v.ci.level == pytest.approx(1 - 2 * ALPHA)
+        assert (v.outcome == "pass") == (v.ci.low > v.boundary)
+
+
+@pytest.mark.parametrize("method", ["mannwhitney", "permutation"])
+def test_exact_tests_report_the_interval_of_their_own_inversion(method: str) -> None:
+    rng = np.random.default_rng(21)
+    gain = Assertion("hit_rate", "B-new-start", "gain", True, min_effect=0.002)
+    for _ in range(5):
+        base, cand = rng.normal(0.86, 0.001, 6), rng.normal(0.8625, 0.001, 6)
+        [v] = evaluate([gain], {gain.id: (base, cand)}, alpha=ALPHA, method=method)  # type: ignore[arg-type]
+        assert (v.outcome == "pass") == (v.ci.low > 0.002)
+        assert v.ci.low <= v.difference <= v.ci.high
+
+
+# --- blocked analysis -----------------------------------------------------------------------------
+
+def _blocked(values: np.ndarray) -> Trials:
+    ids = tuple(range(values.size))
+    return Trials(tuple(values), ids, ids)
+
+
+def test_blocks_are_analysed_as_pairs_matching_scipy_and_drift_cancels() -> None:
+    rng = np.random.default_rng(31)
+    drift = rng.normal(0, 0.004, 10)                      # a level shared by both builds in each block
+    base = 0.86 + drift + rng.normal(0, 0.001, 10)
+    cand = 0.862 + drift + rng.normal(0, 0.001, 10)
+    [paired] = evaluate([HIT], {HIT.id: (_blocked(base), _blocked(cand))}, alpha=0.01)
+    reference = stats.ttest_rel(cand, base, alternative="greater")
+    assert paired.design == "paired" and paired.p_value == pytest.approx(reference.pvalue, rel=1e-9)
+    assert paired.outcome == "pass"
+    [unpaired] = evaluate([HIT], {HIT.id: (base, cand)}, alpha=0.01)
+    assert unpaired.design == "unpaired" and unpaired.outcome != "pass"
+
+
+def test_paired_rank_and_permutation_tests_are_exact_sign_flips() -> None:
+    d = np.array([0.3, -0.1, 0.5, 0.7, 0.2, 0.9])
+    base = np.full(6, 10.0)
+    samples = {HIT.id: (_blocked(base), _blocked(base + d))}
+    [rank] = evaluate([HIT], samples, alpha=ALPHA, method="mannwhitney")
+    assert rank.p_value == pytest.approx(stats.wilcoxon(d, alternative="greater", method="exact").pvalue)
+    [perm] = evaluate([HIT], samples, alpha=ALPHA, method="permutation")
+    signs = 1 - 2 * ((np.arange(64)[:, None] >> np.arange(6)) & 1)
+    assert perm.p_value == pytest.approx(np.mean(signs @ d >= d.sum() - 1e-12))
+
+
+# --- bad starts -----------------------------------------------------------------------------------
+
+def test_a_bad_baseline_start_is_flagged_set_aside_and_reported() -> None:
+    """A start whose readiness waits are all three times longer must not fake a gain."""
+    rng = np.random.default_rng(41)
+    waits = [Assertion("readiness_wait_ns", r, "gain", False) for r in ("B-new-start", "A-third-read")]
+    samples = {}
+    for a, mean in zip(waits, (2.1e9, 6.5e8)):
+        base, cand = rng.normal(mean, 0.05 * mean, 8), rng.normal(mean, 0.05 * mean, 8)
+        base[3] *= 3
+        samples[a.id] = (_blocked(base), _blocked(cand))
+    verdicts = evaluate(waits, samples, alpha=ALPHA)
+    for v in verdicts:
+        [flag] = v.flagged
+        assert (flag.arm, flag.start, flag.block, flag.excluded) == ("baseline", 3, 3, True)
+        assert len(v.baseline) == 7 and len(v.candidate) == 7   # its block is set aside
+        assert "Flagged start: baseline trial 3 (block 3): readiness_wait_ns studentized distance" in v.reason
+        assert v.as_dict()["flagged_starts"][0]["trial"] == 3  # type: ignore[index]
+        assert v.outcome != "pass"
+
+
+def test_normal_starts_are_not_flagged() -> None:
+    rng = np.random.default_rng(43)
+    flagged = 0
+    for _ in range(300):
+        samples = {HIT.id: (_blocked(rng.normal(0.86, 0.001, 6)), _blocked(rng.normal(0.86, 0.001, 6)))}
+        [v] = evaluate([HIT], samples, alpha=ALPHA)
+        flagged += bool(v.flagged)
+    assert flagged <= stats.binom.ppf(0.99, 300, 0.01)   # the rule's stated false-flag rate

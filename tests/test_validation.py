@@ -1,0 +1,66 @@
+"""The gate's printed promises, checked by the quick (seeded) version of `cache-qualify validate`.
+
+Each cell runs the whole decision (`evaluate`, look by look, on blocks) on
+simulated trials from the noise model in `cache_qualify.stats.validation`, a few
+hundred times; a promise that stops holding fails here. The full version
+(``cache-qualify validate``, 2,000 runs per cell) prints the table quoted in
+docs/statistics.md.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cache_qualify.cli import main
+from cache_qualify.stats.validation import NOISE, Cell, CellResult, cells, power_tolerance, run_cell
+
+RUNS = 300
+ALL = list(cells())
+
+
+def _result(cell: Cell, runs: int = RUNS) -> CellResult:
+    return run_cell(cell, runs=runs, seed=ALL.index(cell) + 1)
+
+
+@pytest.mark.parametrize("cell", [c for c in ALL if c.check == "aa"], ids=lambda c: f"{c.shape}-{c.alpha}-{c.noise}")
+def test_a_a_passes_a_gain_at_most_alpha_of_the_time(cell: Cell) -> None:
+    """Under normal, heavy-tailed, bad-start and drifting noise, each gain within its 99 % binomial bound."""
+    result = _result(cell)
+    assert result.worst_gain_passes <= result.bound
+
+
+@pytest.mark.parametrize("cell", [c for c in ALL if c.check == "power"], ids=lambda c: f"{c.shape}-{c.alpha}")
+def test_1_5_x_min_effect_passes_with_the_planned_power_at_the_trials_plan_asks_for(cell: Cell) -> None:
+    result = _result(cell)
+    assert result.power >= 0.9 - power_tolerance(result.runs)
+
+
+@pytest.mark.parametrize("cell", [c for c in ALL if c.check == "rerun"], ids=lambda c: f"{c.shape}-{c.alpha}")
+def test_a_rerun_at_trials_needed_reaches_power_0_85(cell: Cell) -> None:
+    result = _result(cell, runs=200)
+    assert result.reruns >= 50   # the first runs are mostly inconclusive, as designed
+    assert result.power >= 0.85 - power_tolerance(result.reruns, 0.85)
+
+
+def _pairs(shape: str) -> list[tuple[Cell, Cell]]:
+    chosen = [c for c in ALL if c.shape == shape and c.check in ("fixed", "sequential")]
+    return list(zip(chosen[::2], chosen[1::2]))
+
+
+@pytest.mark.parametrize(("fixed", "sequential"), _pairs("single-gain"),
+                         ids=lambda c: f"{c.alpha}-{c.effect_sd}SD-{c.check}")
+def test_sequential_never_costs_more_than_fixed_at_equal_power(fixed: Cell, sequential: Cell) -> None:
+    f, s = _result(fixed), _result(sequential)
+    assert s.power >= f.power - 2 * power_tolerance(RUNS)
+    assert s.mean_trials <= f.mean_trials
+    if fixed.effect_sd == 1.5:
+        assert s.mean_trials <= 0.8 * f.mean_trials   # the saving docs/statistics.md quotes (25-30 %)
+
+
+def test_validate_prints_the_table_for_one_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "--runs", "20", "--alpha", "0.05", "--shape", "single-gain"]) == 0
+    out = capsys.readouterr().out
+    assert "| shape | alpha | case | design | A/A passes, or power | mean trials/build |" in out
+    for noise in NOISE:
+        assert f"| single-gain | 0.05 | A/A, {noise} | sequential 4..12 |" in out
+    assert "| single-gain | 0.05 | sequential, 1.5 SD | sequential 3..10 |" in out and "fewer than fixed)" in out
