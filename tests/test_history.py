@@ -26,7 +26,7 @@ from cache_qualify.history import schema
 from cache_qualify.history.store import History, default_url
 from tests import history_sim
 from tests.postgres import Postgres, postgres_server
-from tests.stats_sim import binomial_bound
+from cache_qualify.stats.validation import binomial_bound
 
 CHROMIUM_HINT = "install Chromium and its driver from the distribution: apt-get install -y chromium chromium-driver"
 
