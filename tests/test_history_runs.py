@@ -43,10 +43,11 @@ def runs_json(history: str | None, cwd: Path) -> list[dict[str, object]]:
 
 
 def lab(tmp_path: Path, name: str) -> Path:
-    """A private simulated lab (its own port and folder on the hosts) for one runner."""
+    """A private simulated lab (its own port and folder on the hosts) for one runner; the quiet lab, so
+    two trials per build decide the gate (as in test_resume: these tests are about the history)."""
     folder = tmp_path / name
     folder.mkdir()
-    return write_inventory(folder)
+    return write_inventory(folder, noise="quiet")
 
 
 def with_history(inventory: Path, url: str) -> Path:
