@@ -204,12 +204,14 @@ def test_three_rank_server_over_ssh(sshd_lab: SshdLab, tmp_path: Path) -> None:
 
 def test_a_group_of_zombies_counts_as_stopped_and_a_live_one_as_running() -> None:
     """`running` (the stop's and the lock release's check) sees through zombies, which `kill -0`
-    counts: an orphaned rank waits for the host's init to reap it, here up to a second."""
+    counts: an orphaned rank waits for the host's init to reap it, here up to a second. Run with
+    an empty PATH: minimal images have no procps, and the check uses shell built-ins only."""
     leader = subprocess.Popen(["setsid", "sleep", "60"])  # its own session and group; we reap it
     try:
         def check(group: int) -> str:
             line = f"{RUNNING_FUNCTION}; running {group} && echo running || echo gone; kill -0 -{group} && echo exists"
-            return subprocess.run(["/bin/sh", "-c", line], capture_output=True, text=True, timeout=30).stdout
+            return subprocess.run(["/bin/sh", "-c", line], capture_output=True, text=True, timeout=30,
+                                  env={"PATH": "/nonexistent"}).stdout
 
         deadline = time.monotonic() + 10
         while os.getsid(leader.pid) != leader.pid and time.monotonic() < deadline:
