@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+from scipy import special
 
 from cache_qualify.errors import PlanError
-from cache_qualify.stats.sequential import DEFAULT_BOUNDARY, Boundary, fractions_of, nominal_alpha, plan_looks
+from cache_qualify.stats.sequential import (DEFAULT_BOUNDARY, Boundary, fractions_of, nominal_alpha, plan_looks,
+                                           units_per_look)
+from cache_qualify.stats.validation import binomial_bound
 from cache_qualify.stats.verdict import Assertion, Trials, Verdict, carry, decided, evaluate
 
 ALPHA = 0.05
@@ -99,10 +104,64 @@ def test_binding_futility_fails_a_gain_whose_estimate_is_not_above_min_effect() 
     assert w.outcome == "inconclusive"
 
 
-def test_the_default_boundary_is_o_brien_fleming_like_without_futility() -> None:
-    assert (DEFAULT_BOUNDARY.rho, DEFAULT_BOUNDARY.has_futility) == (3.0, False)
-    nominal = DEFAULT_BOUNDARY.nominal_alphas(0.01, fractions_of(plan_looks(initial=3, block=1, max_trials=10)))
-    assert nominal[0] < 0.0003 and 0.006 < nominal[-1] < 0.01
+def test_the_default_boundary_spends_little_early_without_futility() -> None:
+    assert (DEFAULT_BOUNDARY.rho, DEFAULT_BOUNDARY.has_futility) == (2.0, False)
+    nominal = DEFAULT_BOUNDARY.nominal_levels(0.01, plan_looks(initial=3, block=1, max_trials=10))
+    assert nominal[0] < 0.001 and 0.004 < nominal[-1] < 0.01
+
+
+# --- the t-scale boundary: the sequential paired t test keeps alpha (vectorized, many runs) -------
+
+NULL_RUNS = 150_000
+SHIPPED = plan_looks(initial=4, block=1, max_trials=12)            # the shipped scenarios' design
+PLANNED = plan_looks(initial=3, block=1, max_trials=22)            # what `plan` prints at 1.5 SD, four gains
+
+
+def _null_passes(levels: tuple[float, ...], units: tuple[int, ...], *, paired: bool = True,
+                 tail_df: float = math.inf, seed: int = 11) -> int:
+    """Null runs (no difference) of the sequential t test on the units so far, look by look, that
+    pass at some look: p below the look's level. Student's t noise with `tail_df` for heavy tails."""
+    rng = np.random.default_rng(seed)
+    n = np.asarray(units, float)
+    at = np.asarray(units) - 1
+    shape = (1 if paired else 2, NULL_RUNS, units[-1])
+    draws = rng.standard_normal(shape) if math.isinf(tail_df) else rng.standard_t(tail_df, shape)
+    sums, squares = np.cumsum(draws, axis=2)[..., at], np.cumsum(draws * draws, axis=2)[..., at]
+    means = sums / n
+    ss = squares - sums * means
+    if paired:
+        t, df = means[0] / np.sqrt(ss[0] / (n - 1) / n), n - 1
+    else:
+        t, df = (means[1] - means[0]) / np.sqrt((ss[0] + ss[1]) / (2 * n - 2) * 2 / n), 2 * n - 2
+    return int((special.stdtr(df, -t) < np.asarray(levels)).any(axis=1).sum())
+
+
+@pytest.mark.parametrize(("alpha", "looks", "paired", "tail_df"), [
+    (0.01, SHIPPED, True, math.inf), (0.05, SHIPPED, True, math.inf), (0.01, PLANNED, True, math.inf),
+    (0.01, SHIPPED, True, 3.0), (0.01, SHIPPED, False, math.inf)],
+    ids=["0.01-4..12", "0.05-4..12", "0.01-3..22", "0.01-heavy-tails", "0.01-unpaired"])
+def test_the_sequential_t_test_passes_a_null_at_most_alpha_of_the_time(
+        alpha: float, looks: tuple[int, ...], paired: bool, tail_df: float) -> None:
+    """150,000 null runs: a level a tenth above alpha (0.011 at 0.01) is beyond the bound and fails."""
+    levels = DEFAULT_BOUNDARY.nominal_levels(alpha, looks, paired=paired)
+    passes = _null_passes(levels, looks, paired=paired, tail_df=tail_df)
+    assert passes <= binomial_bound(NULL_RUNS, alpha, 0.999), passes / NULL_RUNS
+
+
+def test_a_boundary_computed_for_z_statistics_passes_too_many_nulls_of_a_t_test() -> None:
+    """Why the boundary is on the t scale: the normal-scale one, carried over by p-values, exceeds alpha."""
+    levels = DEFAULT_BOUNDARY.nominal_alphas(0.01, fractions_of(SHIPPED))
+    assert _null_passes(levels, SHIPPED) > binomial_bound(NULL_RUNS, 0.01, 0.999)
+
+
+def test_the_t_boundary_is_cached_deterministic_and_refuses_bad_units() -> None:
+    first = DEFAULT_BOUNDARY.nominal_levels(0.01, SHIPPED)
+    assert DEFAULT_BOUNDARY.nominal_levels(0.01, SHIPPED) == first
+    assert first[0] == pytest.approx(0.01 * (4 / 12) ** 2)       # the first look: the exact t quantile
+    assert DEFAULT_BOUNDARY.nominal_levels(0.01, (5,)) == (0.01,)
+    with pytest.raises(PlanError, match=r"units per look must increase strictly from at least 2, got \[1, 3\]"):
+        DEFAULT_BOUNDARY.nominal_levels(0.01, (1, 3))
+    assert units_per_look((4, 6, 7), 2) == (2, 3, 4)
 
 
 
