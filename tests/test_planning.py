@@ -15,7 +15,7 @@ import pytest
 
 from cache_qualify.cli import main
 from cache_qualify.stats.planning import planned_trials, sequential_maximum
-from cache_qualify.stats.power import sd_upper
+from cache_qualify.stats.power import SD_CONFIDENCE, sd_upper
 from cache_qualify.stats.verdict import power_of
 
 COLUMNS = ("run", "scenario", "build", "trial", "block", "request", "host", "rank", "metric", "value")
@@ -66,7 +66,7 @@ def test_plan_from_a_pilot_uses_the_combined_rows_both_builds_and_the_sd_bound(
     sd = math.sqrt((values["set4"].var(ddof=1) + values["two_choice"].var(ddof=1)) / 2)
     effect = values["two_choice"].mean() - values["set4"].mean()
     expected = planned_trials(effect, sd_upper(sd, 10.0), alpha=0.05, gains=2)
-    assert "all 2 gain(s) pass (each at 94.9%)" in out and "60% upper confidence limit" in out
+    assert "all 2 gain(s) pass (each at 94.9%)" in out and f"{SD_CONFIDENCE:.0%} upper confidence limit" in out
     assert f"| hit_rate | B-new-start | gain | {100 * values['set4'].mean():.4g} % |" in out
     assert expected is not None and f"| {expected} | {sequential_maximum(expected)} |" in out
 

@@ -50,17 +50,23 @@ def _pairs(shape: str) -> list[tuple[Cell, Cell]]:
 @pytest.mark.parametrize(("fixed", "sequential"), _pairs("single-gain"),
                          ids=lambda c: f"{c.alpha}-{c.effect_sd}SD-{c.check}")
 def test_sequential_never_costs_more_than_fixed_at_equal_power(fixed: Cell, sequential: Cell) -> None:
+    """Both reach the planned power 0.9 (within simulation error), the sequential design on fewer mean
+    trials; at 1.5 SD the saving docs/statistics.md quotes for one gain (about a fifth)."""
     f, s = _result(fixed), _result(sequential)
-    assert s.power >= f.power - 2 * power_tolerance(RUNS)
+    assert min(s.power, f.power) >= 0.9 - power_tolerance(RUNS)
     assert s.mean_trials <= f.mean_trials
     if fixed.effect_sd == 1.5:
-        assert s.mean_trials <= 0.8 * f.mean_trials   # the saving docs/statistics.md quotes (25-30 %)
+        assert s.mean_trials <= 0.85 * f.mean_trials
 
 
-def test_validate_prints_the_table_for_one_shape(capsys: pytest.CaptureFixture[str]) -> None:
+def test_validate_prints_the_table_for_one_shape_whole_or_in_pieces(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "--runs", "20", "--alpha", "0.05", "--shape", "single-gain"]) == 0
     out = capsys.readouterr().out
     assert "| shape | alpha | case | design | A/A passes, or power | mean trials/build |" in out
     for noise in NOISE:
         assert f"| single-gain | 0.05 | A/A, {noise} | sequential 4..12 |" in out
-    assert "| single-gain | 0.05 | sequential, 1.5 SD | sequential 3..10 |" in out and "fewer than fixed)" in out
+    assert "| single-gain | 0.05 | sequential, 1.5 SD | sequential 3..11 |" in out and "fewer than fixed)" in out
+    # a piece of the table (by check) gives the very rows of the whole table
+    assert main(["validate", "--runs", "20", "--alpha", "0.05", "--shape", "single-gain", "--check", "rerun"]) == 0
+    [piece] = [line for line in capsys.readouterr().out.splitlines() if "rerun at trials_needed" in line]
+    assert piece in out.splitlines()

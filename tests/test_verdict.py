@@ -12,7 +12,7 @@ import pytest
 from scipy import stats
 
 from cache_qualify.errors import PlanError
-from cache_qualify.stats.power import sd_upper
+from cache_qualify.stats.power import SD_CONFIDENCE, sd_upper
 from cache_qualify.stats.verdict import (Assertion, Trials, VerdictWarning, _holm, check_plan, evaluate, power_of,
                                          trials_for_power)
 
@@ -124,7 +124,36 @@ def test_an_underpowered_gain_is_inconclusive_naming_the_trials_for_1_5_x_min_ef
     assert v.trials_needed is not None and power_of(0.0015, bound, v.trials_needed, alpha=ALPHA) >= 0.9
     assert (f"about {v.trials_needed} trials per build would give power 90% for a true improvement of 1.5 x "
             f"the minimum effect (distance 0.0015 from the null)") in v.reason
-    assert f"the trials vary by sd {sd:.4g} (60% upper bound {bound:.4g})" in v.reason
+    assert f"the trials vary by sd {sd:.4g} ({SD_CONFIDENCE:.0%} upper bound {bound:.4g})" in v.reason
+
+
+def test_trials_needed_counts_trials_per_build_when_blocks_hold_several() -> None:
+    """Blocks of two trials per build: the test has one unit per block, and the count it names is
+    the blocks needed times two (trials per build, what `--max-trials` takes)."""
+    needy = Assertion("hit_rate", "B-new-start", "gain", True, min_effect=0.003)
+    rng = np.random.default_rng(21)
+    blocks = (0, 0, 1, 1, 2, 2, 3, 3)
+    base = Trials(tuple(rng.normal(0.86, 0.002, 8)), tuple(range(8)), blocks)
+    cand = Trials(tuple(rng.normal(0.8635, 0.002, 8)), tuple(range(8)), blocks)
+    [v] = evaluate([needy], {needy.id: (base, cand)}, alpha=ALPHA)
+    assert v.design == "paired" and v.outcome == "inconclusive"
+    per_block = trials_for_power(0.0015, sd_upper(v.noise_sd, 3.0), alpha=ALPHA, paired=True)
+    assert per_block is not None and v.trials_needed == 2 * per_block
+    assert f"about {v.trials_needed} trials per build" in v.reason and "4 blocks" in v.reason
+
+
+def test_several_open_assertions_share_the_power_and_the_sd_bound_s_confidence() -> None:
+    """A rerun runs the largest count: each of k open assertions is sized at power 0.9^(1/k) and at the
+    SD bound whose largest of k covers the truth as often as one bound at SD_CONFIDENCE."""
+    gains = [Assertion("hit_rate", r, "gain", True, min_effect=0.003) for r in ("B-new-start", "A-third-read")]
+    offsets = np.array([-0.002, 0.002, -0.001, 0.001])
+    samples = {a.id: (0.86 + offsets, 0.8635 + offsets[::-1]) for a in gains}
+    verdicts = evaluate(gains, samples, alpha=ALPHA)
+    confidence = 1 - (1 - SD_CONFIDENCE) ** 0.5
+    for v in verdicts:
+        bound = sd_upper(v.noise_sd, 6.0, confidence)
+        assert v.trials_needed == trials_for_power(0.0015, bound, alpha=ALPHA, power=0.9 ** 0.5)
+        assert f"({confidence:.0%} upper bound {bound:.4g})" in v.reason
 
 
 def test_trials_for_power_reaches_the_power() -> None:
