@@ -357,3 +357,29 @@ def test_normal_starts_are_not_flagged() -> None:
         [v] = evaluate([HIT], samples, alpha=ALPHA)
         flagged += bool(v.flagged)
     assert flagged <= stats.binom.ppf(0.99, 300, 0.01)   # the rule's stated false-flag rate
+
+
+def test_a_sequential_run_s_looks_share_the_false_flag_rate() -> None:
+    """Every look that can flag is a new chance for normal noise to set a start aside, so in the shipped
+    design (looks at 4..12) each flags at 1 % / 9: a start just past the fixed design's threshold is set
+    aside there but kept at a look, while a bad start (three times the wait) is set aside at both."""
+    looks = tuple(range(4, 13))
+    rng = np.random.default_rng(44)
+    base, cand = rng.normal(2.1e9, 1e8, 12), rng.normal(2.1e9, 1e8, 12)
+    wait = Assertion("readiness_wait_ns", "B-new-start", "gain", False)
+
+    def flagged(offset: float, *, sequential: bool) -> bool:
+        moved = base.copy()
+        moved[5] += offset
+        plan: tuple[int, ...] = looks if sequential else (12,)
+        [v] = evaluate([wait], {wait.id: (_blocked(moved), _blocked(cand))}, alpha=ALPHA, look=len(plan),
+                       looks=plan)
+        return any(f.start == 5 for f in v.flagged)
+
+    low, high = 0.0, 2e9          # bisect the fixed design's threshold
+    assert not flagged(low, sequential=False) and flagged(high, sequential=False)
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (low, mid) if flagged(mid, sequential=False) else (mid, high)
+    assert flagged(high, sequential=False) and not flagged(high, sequential=True)
+    assert flagged(2 * 2.1e9, sequential=True)
