@@ -113,7 +113,7 @@ def test_the_default_boundary_spends_little_early_without_futility() -> None:
 
 # --- the t-scale boundary: the sequential paired t test keeps alpha (vectorized, many runs) -------
 
-NULL_RUNS = 150_000
+NULL_RUNS = 100_000
 SHIPPED = plan_looks(initial=4, block=1, max_trials=12)            # the shipped scenarios' design
 PLANNED = plan_looks(initial=3, block=1, max_trials=22)            # what `plan` prints at 1.5 SD, four gains
 
@@ -143,7 +143,7 @@ def _null_passes(levels: tuple[float, ...], units: tuple[int, ...], *, paired: b
     ids=["0.01-4..12", "0.05-4..12", "0.01-3..22", "0.01-heavy-tails", "0.01-unpaired"])
 def test_the_sequential_t_test_passes_a_null_at_most_alpha_of_the_time(
         alpha: float, looks: tuple[int, ...], paired: bool, tail_df: float) -> None:
-    """150,000 null runs: a level a tenth above alpha (0.011 at 0.01) is beyond the bound and fails."""
+    """100,000 null runs: a level a tenth above alpha (0.011 at 0.01) is beyond the bound and fails."""
     levels = DEFAULT_BOUNDARY.nominal_levels(alpha, looks, paired=paired)
     passes = _null_passes(levels, looks, paired=paired, tail_df=tail_df)
     assert passes <= binomial_bound(NULL_RUNS, alpha, 0.999), passes / NULL_RUNS
@@ -193,7 +193,7 @@ def test_more_trials_decide_what_the_fixed_design_left_inconclusive() -> None:
 
 # --- the design `plan` prints against the fixed design, vectorized (normal noise, paired t) -------
 
-DESIGN_RUNS = 20_000
+DESIGN_RUNS = 10_000
 
 
 def _runs_to_decide(effect_sd: float, looks: tuple[int, ...], levels: tuple[float, ...], gains: int,
