@@ -380,9 +380,10 @@ def test_prefix_reuse_reports_cached_tokens_that_skip_the_cache(group: Any, sequ
 
 
 def test_sleep_scale_makes_a_request_take_its_modelled_time(group: Any) -> None:
-    # 1,000 tokens at 2 ms each is 2 s of modelled compute; a quarter of it is slept
+    # 1,000 tokens at 2 ms each is 2 s of modelled compute; a quarter of it is slept (and none of
+    # the weights' loading, which would sleep a quarter of two minutes before the rank listens)
     g = group(tp=1, flags=["--sim-compute-ns-per-token", "2000000", "--sim-sleep-scale", "0.25",
-                           "--sim-miss-cost-ns", "0"])
+                           "--sim-miss-cost-ns", "0", "--sim-load-s", "0"])
     g.wait_ready()
     started = time.perf_counter()
     assert g.complete(np.arange(100, 1100)).status_code == 200
