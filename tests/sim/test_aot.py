@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +51,34 @@ def test_the_compiled_kernel_matches_the_jitted_one_gather_by_gather(built: Path
         assert compiled.counters() == jitted.counters()
     assert compiled.counters().evictions > 0
     assert (compiled.counters().refused > 0) == compiled.admission
+
+
+def test_the_compiled_kernel_lets_other_threads_run(built: Path) -> None:
+    """As the jitted kernels' nogil=True: rank 0 replays its share while its threads send the
+    job to the other ranks."""
+    cache = RowCache("set4", 1 << 20, seed=1)
+    assert cache.compiled_ahead
+    rows = np.random.default_rng(2).integers(0, 1 << 40, size=4_000_000).astype(np.uint64)
+    bounds = np.append(np.arange(0, rows.size, 98_304), rows.size)
+    ticks = [0]
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    time.sleep(0.02)
+    before = ticks[0]
+    started = time.perf_counter()
+    cache.replay(rows, bounds)
+    took_s = time.perf_counter() - started
+    done.set()
+    ticker.join()
+    assert took_s > 0.05
+    assert ticks[0] - before >= 10, f"the other thread ticked {ticks[0] - before} times in {took_s:.2f} s"
 
 
 def test_a_missing_module_falls_back_to_the_jitted_kernel(tmp_path: Path) -> None:
