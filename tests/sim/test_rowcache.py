@@ -135,10 +135,10 @@ def test_jitted_loop_and_reference_agree_counter_for_counter(
     """The kernel against the reference: the jitted one, and the one compiled ahead of time when
     it is built (test_aot.py builds it and checks it against the jitted one besides)."""
     ways = {"set8": 8, "set16": 16}.get(policy, 4)
-    caches = [RowCache(policy, sets * ways, seed=seed, sketch_bytes=sketch_bytes, halve_after=halve_after,
-                       ahead_of_time=ahead_of_time),
-              ReferenceRowCache(policy, sets * ways, seed=seed, sketch_bytes=sketch_bytes,
-                                halve_after=halve_after)]
+    caches: list[RowCache | ReferenceRowCache] = [
+        RowCache(policy, sets * ways, seed=seed, sketch_bytes=sketch_bytes, halve_after=halve_after,
+                 ahead_of_time=ahead_of_time),
+        ReferenceRowCache(policy, sets * ways, seed=seed, sketch_bytes=sketch_bytes, halve_after=halve_after)]
     offset = np.uint64(2**64 - 400) if big_ids else np.uint64(0)  # IDs near 2**64 hash fine too
     for gather in trace:
         ids = np.array(gather, dtype=np.uint64) + offset
