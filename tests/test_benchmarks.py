@@ -122,5 +122,6 @@ def test_reports_the_forwarded_routes_cost_against_direct_gets(sshd_lab: SshdLab
                       rf"\(({NUMBER}) s\) = ({NUMBER}) % \(target < 2 %\)$", out, re.M)
     assert share, out
     per, total, trial, percent = (float(share.group(i)) for i in (1, 2, 3, 4))
-    assert abs(total - 15 * per) < 0.1 and abs(percent - total / (10 * trial)) < 0.01
+    # printed rounded: `per` to 0.01 ms (15 x 0.005 off at most), `total` to 0.1 ms (0.05 off)
+    assert abs(total - 15 * per) <= 0.126 and abs(percent - total / (10 * trial)) < 0.01
     assert wait_no_sim_processes(inventory_port(inventory)) == []

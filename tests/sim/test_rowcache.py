@@ -124,16 +124,21 @@ def test_set8_capacity_is_whole_sets() -> None:
 gathers = st.lists(st.lists(st.integers(0, 300), max_size=60), min_size=1, max_size=25)
 
 
+@pytest.mark.parametrize("ahead_of_time", [False, True], ids=["jitted", "compiled-ahead-when-built"])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policy=st.sampled_from(POLICIES), sets=st.integers(1, 12), seed=st.integers(0, 2**32),
        sketch_bytes=st.integers(4, 256), halve_after=st.sampled_from([None, 0, 1, 7, 50]),
        trace=gathers, big_ids=st.booleans())
 def test_jitted_loop_and_reference_agree_counter_for_counter(
-        policy: str, sets: int, seed: int, sketch_bytes: int, halve_after: int | None,
-        trace: list[list[int]], big_ids: bool) -> None:
+        ahead_of_time: bool, policy: str, sets: int, seed: int, sketch_bytes: int,
+        halve_after: int | None, trace: list[list[int]], big_ids: bool) -> None:
+    """The kernel against the reference: the jitted one, and the one compiled ahead of time when
+    it is built (test_aot.py builds it and checks it against the jitted one besides)."""
     ways = {"set8": 8, "set16": 16}.get(policy, 4)
-    caches = [cls(policy, sets * ways, seed=seed, sketch_bytes=sketch_bytes, halve_after=halve_after)
-              for cls in (RowCache, ReferenceRowCache)]
+    caches: list[RowCache | ReferenceRowCache] = [
+        RowCache(policy, sets * ways, seed=seed, sketch_bytes=sketch_bytes, halve_after=halve_after,
+                 ahead_of_time=ahead_of_time),
+        ReferenceRowCache(policy, sets * ways, seed=seed, sketch_bytes=sketch_bytes, halve_after=halve_after)]
     offset = np.uint64(2**64 - 400) if big_ids else np.uint64(0)  # IDs near 2**64 hash fine too
     for gather in trace:
         ids = np.array(gather, dtype=np.uint64) + offset

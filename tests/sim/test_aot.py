@@ -1,0 +1,94 @@
+"""The row-cache kernels compiled ahead of time: built, loaded without numba, and counter for
+counter the jitted ones (which the reference tests check against the rules)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cache_qualify.sim import aot
+from cache_qualify.sim.gathers import GatherTrace
+from cache_qualify.sim.rowcache import POLICIES, RowCache
+
+
+@pytest.fixture(scope="module")
+def built() -> Path:
+    """The module for the current sources (built once per change of them, as a rank would)."""
+    return aot.build()
+
+
+def test_a_fresh_interpreter_loads_the_built_kernel_without_numba(built: Path) -> None:
+    assert built == aot.module_path(aot.stamp()) and built.is_file()
+    code = ("import sys, numpy as np; from cache_qualify.sim.rowcache import RowCache; "
+            "c = RowCache('two_choice', 64, seed=1); c.gather(np.arange(1, 90, dtype=np.uint64)); "
+            "print(c.compiled_ahead, 'numba' in sys.modules, c.counters().misses)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["True", "False", "89"]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_compiled_kernel_matches_the_jitted_one_gather_by_gather(built: Path, policy: str) -> None:
+    rng = np.random.default_rng(11)
+    sizes = rng.integers(0, 300, size=400)
+    sizes[::37] = 0  # empty gathers too
+    trace = GatherTrace.of([rng.zipf(1.2, size=n).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+                            for n in sizes])
+    ways = {"set8": 8, "set16": 16}.get(policy, 4)
+    compiled, jitted = (RowCache(policy, 40 * ways, seed=5, sketch_bytes=128, halve_after=3000,
+                                 ahead_of_time=ahead) for ahead in (True, False))
+    assert compiled.compiled_ahead and not jitted.compiled_ahead
+    for part in np.array_split(np.arange(len(sizes)), 3):  # state carries over between calls
+        bounds = trace.bounds[part[0]:part[-1] + 2]
+        rows = trace.rows[bounds[0]:bounds[-1]]
+        misses = [cache.replay(rows, bounds - bounds[0]) for cache in (compiled, jitted)]
+        assert misses[0].tolist() == misses[1].tolist()
+        assert compiled.counters() == jitted.counters()
+    assert compiled.counters().evictions > 0
+    assert (compiled.counters().refused > 0) == compiled.admission
+
+
+def test_the_compiled_kernel_lets_other_threads_run(built: Path) -> None:
+    """As the jitted kernels' nogil=True: rank 0 replays its share while its threads send the
+    job to the other ranks."""
+    cache = RowCache("set4", 1 << 20, seed=1)
+    assert cache.compiled_ahead
+    rows = np.random.default_rng(2).integers(0, 1 << 40, size=4_000_000).astype(np.uint64)
+    bounds = np.append(np.arange(0, rows.size, 98_304), rows.size)
+    ticks = [0]
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    time.sleep(0.02)
+    before = ticks[0]
+    started = time.perf_counter()
+    cache.replay(rows, bounds)
+    took_s = time.perf_counter() - started
+    done.set()
+    ticker.join()
+    assert took_s > 0.05
+    assert ticks[0] - before >= 10, f"the other thread ticked {ticks[0] - before} times in {took_s:.2f} s"
+
+
+def test_a_missing_module_falls_back_to_the_jitted_kernel(tmp_path: Path) -> None:
+    assert aot.kernel("set4", folder=tmp_path) is None
+    assert not RowCache("set4", 64, seed=0, ahead_of_time=False).compiled_ahead
+
+
+def test_a_failed_build_is_noted_and_not_retried_in_the_background(tmp_path: Path) -> None:
+    note = aot.module_path(aot.stamp(), tmp_path).with_suffix(".failed")
+    note.write_text("CompileError: no C compiler\n")
+    said = aot.build_in_background(tmp_path)
+    assert said == "not built ahead of time here (CompileError: no C compiler)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [note.name]  # nothing started
