@@ -63,10 +63,10 @@ def write_inventory(tmp_path: Path, *, name: str = "hosts.yaml", hosts: list[dic
     port = (server or {}).get("http_port") or free_port(addresses)
     data["server"].update(http_port=port, workdir=str(REPO), run_dir=str(tmp_path / "on-hosts"),
                           **{k: v for k, v in (server or {}).items() if k != "http_port"})
-    for build in data["builds"].values():
-        build["path"] = str(REPO / build["path"])
-        build["flags"] = [*build["flags"], *(("--sim-noise", noise) if noise else ())]
     data["builds"].update({k: dict(v) for k, v in (builds or {}).items()})
+    for build in data["builds"].values():   # the test's own builds too
+        build["path"] = str(REPO / build["path"])
+        build["flags"] = [*build.get("flags", ()), *(("--sim-noise", noise) if noise else ())]
     if hosts is not None:
         data["hosts"] = hosts
     if groups is not None:

@@ -23,7 +23,8 @@ RUNS = ("first", "second")
 
 
 def lab(tmp_path: Path) -> SimRun:
-    return SimRun(inventory=write_inventory(tmp_path), scenario=scenario_file(tmp_path),
+    # two runners and one lock: lifecycle, not statistics, so the quiet lab
+    return SimRun(inventory=write_inventory(tmp_path, noise="quiet"), scenario=scenario_file(tmp_path),
                   reports=tmp_path / "reports", on_hosts=tmp_path / "on-hosts")
 
 

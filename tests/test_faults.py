@@ -45,8 +45,10 @@ EXTRA_BUILDS = {"metrics-500-late": fault_build("metrics-500:4", 2),
                 "metrics-garbage-late": fault_build("metrics-garbage:4", 2)}
 
 
+# Faults are about lifecycle and naming, not statistics: the quiet lab (no client latency slept,
+# no bad starts) runs them with the same checks in less time.
 def local_lab(tmp_path: Path, *, timeout_s: float = 30.0, **inventory: Any) -> SimRun:
-    path = write_inventory(tmp_path, builds=EXTRA_BUILDS, **inventory)
+    path = write_inventory(tmp_path, builds=EXTRA_BUILDS, noise="quiet", **inventory)
     return SimRun(inventory=path, scenario=scenario_file(tmp_path, timeout_s=timeout_s),
                   reports=tmp_path / "reports", on_hosts=tmp_path / "on-hosts")
 
@@ -223,7 +225,7 @@ def ssh_lab(tmp_path: Path, sshd_lab: SshdLab, *, known: tuple[str, ...] = ("gb1
              for r, (n, i) in enumerate(instances.items())]
     ssh = {"user": sshd_lab.user, "identity_file": str(sshd_lab.client_key), "use_agent": False,
            "known_hosts": [str(known_hosts)], "connect_timeout_s": 5, "command_timeout_s": 30}
-    path = write_inventory(tmp_path, hosts=hosts, ssh=ssh)
+    path = write_inventory(tmp_path, hosts=hosts, ssh=ssh, noise="quiet")
     lab = SimRun(inventory=path, scenario=scenario_file(tmp_path, repeat_c=repeat_c), reports=tmp_path / "reports",
                  on_hosts=tmp_path / "on-hosts")
     return SshLab(lab, instances)

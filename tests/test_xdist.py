@@ -36,7 +36,8 @@ def two_groups(tmp_path: Path, sleep_scale: float = TEST_SLEEP_SCALE) -> Path:
     inventory = yaml.safe_load((REPO / "hosts.yaml").read_text())
     builds = {name: {**inventory["builds"][name], "path": str(REPO / inventory["builds"][name]["path"]),
                      "flags": [*inventory["builds"][name]["flags"], "--sim-sleep-scale", str(sleep_scale)]} for name in ("set4", "two_choice")}
-    return write_inventory(tmp_path, hosts=hosts, groups=groups, builds=builds)
+    # scale-out, not statistics: the quiet lab, whose servers sleep only the modelled time above
+    return write_inventory(tmp_path, hosts=hosts, groups=groups, builds=builds, noise="quiet")
 
 
 def small_scenario(tmp_path: Path, name: str, cache: str) -> Path:
