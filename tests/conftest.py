@@ -32,6 +32,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.flaky(reruns=1))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Name every rerun test with its first failure in the short summary (pytest-rerunfailures'
+    "R" report), whatever `-r` the command line gave: a rerun is a flake to fix, not to hide."""
+    if "R" not in terminalreporter.reportchars:
+        terminalreporter.reportchars += "R"
+
+
 @pytest.fixture(autouse=True)
 def _run_in_a_temporary_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test runs in its own temporary directory, so a command it runs (through a local shell,
