@@ -91,10 +91,11 @@ def test_a_bad_start_is_one_outlying_trial_with_all_its_waits_high(tmp_path: Pat
 
 @pytest.mark.slow
 def test_drift_moves_the_wait_level_between_blocks(tmp_path: Path) -> None:
-    """A drift of +-50 % over a 20 s period spreads the blocks' waits; without it (quiet) they stay level.
-    (The drift follows the wall clock: a period near six starts' span keeps a fast machine's starts from
-    all falling on one side of it.)"""
-    drifting = [*LOWERED, "--sim-noise", "quiet", "--sim-drift", "0.5", "--sim-drift-period-s", "20"]
+    """A drift of +-50 % over a 9 s period spreads the blocks' waits; without it (quiet) they stay level.
+    (The drift follows the wall clock. A start here takes about 1 s on a fast machine, so six starts
+    span two thirds of a period or more, which holds a max/min ratio above 1.6; a slow machine's
+    starts, 2-3 s each, step 80-120 degrees through it.)"""
+    drifting = [*LOWERED, "--sim-noise", "quiet", "--sim-drift", "0.5", "--sim-drift-period-s", "9"]
     path = write_inventory(tmp_path, builds={
         "set4-drifting": {"path": "fixtures/cache_qualify/sim/server.py", "flags": drifting},
         "set4-quiet": {"path": "fixtures/cache_qualify/sim/server.py", "flags": [*LOWERED, "--sim-noise", "quiet"]}})
