@@ -29,7 +29,7 @@ def forwarded_lab(lab: SshdLab, folder: Path) -> tuple[Path, list[SshdInstance]]
     ssh = {"user": lab.user, "identity_file": str(lab.client_key), "use_agent": False, "ssh_config": None,
            "known_hosts": [str(known_hosts)], "connect_timeout_s": 5, "command_timeout_s": 60,
            "jump": {"address": jump.address, "port": jump.port}}
-    return write_inventory(folder, hosts=hosts, ssh=ssh), [jump, *instances]
+    return write_inventory(folder, hosts=hosts, ssh=ssh, client_latency=True), [jump, *instances]
 
 
 def main(argv: list[str]) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -21,18 +21,47 @@ if TYPE_CHECKING:  # paramiko is imported only by sessions that use SSH
     from tests.sshd import SshdInstance, SshdLab
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """`-n N` alone makes xdist deal the tests in chunks of a quarter of the collection each, in
+    collection order, and never move them again: one worker can be left with a queue of
+    whole qualifications while the other has finished. `loadgroup` hands out one test (or one
+    ``xdist_group``: tests that share a costly module fixture, made once) at a time as a worker
+    frees up, in the order of pytest_collection_modifyitems below (its reordering by group size
+    is turned off). An explicit `--dist` other than load is left alone."""
+    if config.getoption("dist", "no") == "load":
+        config.option.dist = "loadgroup"
+        config.option.loadscopereorder = False
+    if getattr(config, "workerinput", {}).get("loadgroup"):   # a worker parses only the command line
+        config.option.loadgroup = True   # read by xdist's worker when it names the groups in node ids
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Tell each xdist worker that the tests are dealt by group (see pytest_configure)."""
+    node.workerinput["loadgroup"] = node.config.getoption("dist") == "loadgroup"
+
+
+def front_of_the_queue(item: pytest.Item) -> bool:
+    """A test whose cost is a whole qualification or a shared one: scheduled before the rest, so
+    the run's tail is made of short tests (the longest first, as a scheduler of two queues should)."""
+    return item.get_closest_marker("slow") is not None or item.get_closest_marker("xdist_group") is not None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that run whole qualifications or restart servers (marked ``slow``, and the stale-server
     and two-group xdist tests) get one rerun: on a loaded 2-core CI machine a start can miss a
     timing its test depends on. A second failure fails the run; every rerun is listed in the summary,
     with why it failed. The two-group xdist test gets two: it failed once in about every other full
-    run on CI-like machines, never alone, and its cause is not found yet (the summary will show it)."""
+    run on CI-like machines, never alone, and its cause is not found yet (the summary will show it).
+    The costly tests go first (a stable sort: each module's order is kept)."""
     timing_bound = {"test_stale_server_is_reported_then_killed_with_kill_stale": 1,
                     "test_two_workers_run_two_scenarios_on_two_groups_into_one_report": 2}
     for item in items:
         name = getattr(item, "originalname", item.name)
         if item.get_closest_marker("slow") or name in timing_bound:
             item.add_marker(pytest.mark.flaky(reruns=timing_bound.get(name, 1)))
+    items.sort(key=lambda item: not front_of_the_queue(item))
 
 
 RERUN_LINES = 80   # of a rerun test's first failure shown in the summary

@@ -51,12 +51,21 @@ def committed_inventory() -> dict[str, Any]:
     return data
 
 
+# The calibrated noise's client latency (0.15 s a request, 0.75 s a trial) is really slept by rank 0
+# and moves nothing but the client time, which no verdict reads; every other draw (waits, bad starts,
+# KV pages) comes from its own stream of the start's seed, so a test's samples and decisions are the
+# same without it. Tests about time (the calibration's figures, the lifecycle benchmark) keep it.
+NO_CLIENT_LATENCY = ("--sim-latency-s", "0", "--sim-latency-sd-s", "0")
+
+
 def write_inventory(tmp_path: Path, *, name: str = "hosts.yaml", hosts: list[dict[str, Any]] | None = None,
                     groups: list[dict[str, Any]] | None = None, ssh: Mapping[str, Any] | None = None,
                     server: Mapping[str, Any] | None = None, builds: Mapping[str, Mapping[str, Any]] | None = None,
-                    baseline: str | None = None, candidate: str | None = None, noise: str | None = None) -> Path:
+                    baseline: str | None = None, candidate: str | None = None, noise: str | None = None,
+                    client_latency: bool = False) -> Path:
     """An inventory like the committed one with a free port, its own run folder and absolute paths;
-    `noise` names the emulated server's noise profile of every build (default: the calibrated one)."""
+    `noise` names the emulated server's noise profile of every build (default: the calibrated one).
+    The profile's client latency is left out unless `client_latency` (see NO_CLIENT_LATENCY)."""
     data = committed_inventory()
     addresses = [h["address"] for h in (hosts or data["hosts"])]
     # a port given in `server` is not probed here (hosts behind a jump host cannot be)
@@ -66,7 +75,8 @@ def write_inventory(tmp_path: Path, *, name: str = "hosts.yaml", hosts: list[dic
     data["builds"].update({k: dict(v) for k, v in (builds or {}).items()})
     for build in data["builds"].values():   # the test's own builds too
         build["path"] = str(REPO / build["path"])
-        build["flags"] = [*build.get("flags", ()), *(("--sim-noise", noise) if noise else ())]
+        build["flags"] = [*build.get("flags", ()), *(("--sim-noise", noise) if noise else ()),
+                          *(() if client_latency else NO_CLIENT_LATENCY)]
     if hosts is not None:
         data["hosts"] = hosts
     if groups is not None:

@@ -19,13 +19,18 @@ NUMBER = r"\d+(?:\.\d+)?"
 REQUESTS = ("A", "A-new-start", "B", "B-new-start", "A-third-read")
 
 
+def timed_lab(tmp_path: Path) -> Path:
+    """The simulated lab with the calibrated client latency: the benchmarks' figures are about time."""
+    return write_inventory(tmp_path, client_latency=True)
+
+
 def bench(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "cache_qualify.cli", "bench-harness", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
 
 
 def test_prints_snapshot_time_and_overhead_share_per_request(tmp_path: Path) -> None:
-    inventory = write_inventory(tmp_path)
+    inventory = timed_lab(tmp_path)
     done = bench("--hosts", str(inventory), "--passes", "1", "--snapshots", "5")
     assert done.returncode == 0, done.stderr
     out = done.stdout
@@ -48,7 +53,7 @@ def test_prints_snapshot_time_and_overhead_share_per_request(tmp_path: Path) -> 
 
 
 def test_json_output_has_consistent_figures(tmp_path: Path) -> None:
-    inventory = write_inventory(tmp_path)
+    inventory = timed_lab(tmp_path)
     done = bench("--hosts", str(inventory), "--passes", "1", "--snapshots", "3", "--json", "--build", "two_choice")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
@@ -76,7 +81,7 @@ def lifecycle(*args: str) -> subprocess.CompletedProcess[str]:
 def test_lifecycle_splits_trials_by_phase_and_adds_up(tmp_path: Path) -> None:
     """Well-formed figures only (speed is judged by running the benchmark): the phases of each
     trial, its overhead as their sum without the requests, and the ratio to the ranks' setup."""
-    done = lifecycle("--hosts", str(write_inventory(tmp_path)), "--trials", "2", "--json")
+    done = lifecycle("--hosts", str(timed_lab(tmp_path)), "--trials", "2", "--json")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert (result["build"], result["scenario"], result["target_s"]) == ("set4", "reread-1g", 1.0)
@@ -91,7 +96,7 @@ def test_lifecycle_splits_trials_by_phase_and_adds_up(tmp_path: Path) -> None:
 
 
 def test_lifecycle_prints_a_row_per_trial_and_the_medians(tmp_path: Path) -> None:
-    done = lifecycle("--hosts", str(write_inventory(tmp_path)), "--trials", "1", "--build", "two_choice")
+    done = lifecycle("--hosts", str(timed_lab(tmp_path)), "--trials", "1", "--build", "two_choice")
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert re.search(rf"^bench-lifecycle: build two_choice, scenario reread-1g, 3 hosts, 1 trial\(s\); "

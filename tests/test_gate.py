@@ -60,6 +60,11 @@ def measured(run: QualifyRun) -> pd.Series:
     return frame.set_index(["scenario", "build", "trial", "block", "request", "host", "rank", "metric"])["value"]
 
 
+# the tests of the default run share it: one xdist worker runs them, so it is run once
+ON_THE_DEFAULT_RUN = pytest.mark.xdist_group("gate-default-run")
+
+
+@ON_THE_DEFAULT_RUN
 def test_two_choice_beats_set4_at_1g(default_run: QualifyRun) -> None:
     run = default_run
     assert run.returncode == 0, run.output
@@ -82,6 +87,7 @@ def test_two_choice_beats_set4_at_1g(default_run: QualifyRun) -> None:
     assert "summary:" in run.output and "two_choice" in run.output
 
 
+@ON_THE_DEFAULT_RUN
 def test_the_same_seed_gives_the_same_samples(default_run: QualifyRun, tmp_path: Path) -> None:
     """Issue 9: a run with `--seed 7` measures the same values (timings aside), noise included. A
     start's seed depends on its place in the run, not on how many trials follow, so two trials per

@@ -28,6 +28,10 @@ def _failure(run: QualifyRun, name: str) -> str | None:
     return None if failure is None else failure.get("message", "") + (failure.text or "")
 
 
+# the tests of the four-candidate run share it: one xdist worker runs them, so it is run once
+ON_FOUR = pytest.mark.xdist_group("tournament-four")
+
+
 @pytest.fixture(scope="module")
 def four(tmp_path_factory: pytest.TempPathFactory) -> QualifyRun:
     """The RowCache study's four alternatives against set4, sequential (2 trials, then 3), seeded."""
@@ -36,6 +40,7 @@ def four(tmp_path_factory: pytest.TempPathFactory) -> QualifyRun:
                        "--trials", "2", "--max-trials", "3", "--seed", "7", timeout_s=600)
 
 
+@ON_FOUR
 def test_gate_passes_three_candidates_and_fails_lru4_on_the_third_read(four: QualifyRun) -> None:
     assert four.returncode == 1, four.output  # each candidate is a gate of its own: lru4 fails the run
     for candidate in ("set8", "set16", "two_choice"):
@@ -52,6 +57,7 @@ def test_gate_passes_three_candidates_and_fails_lru4_on_the_third_read(four: Qua
         "two_choice"
 
 
+@ON_FOUR
 def test_blocks_hold_every_running_arm_in_the_seeded_order(four: QualifyRun) -> None:
     trials = pd.read_csv(four.run_dir() / "trials.csv")
     first_look = trials[trials["trial"] < 2].sort_values("started_at")
@@ -63,6 +69,7 @@ def test_blocks_hold_every_running_arm_in_the_seeded_order(four: QualifyRun) -> 
     assert trials["trial"].max() == (trials["build"] == "set4").sum() - 1
 
 
+@ON_FOUR
 def test_report_ranks_two_choice_first_and_recommends_it(four: QualifyRun) -> None:
     summary = (four.run_dir() / "summary.md").read_text(encoding="utf-8")
     candidates = summary[summary.index("## Candidates"):]
@@ -78,6 +85,7 @@ def test_report_ranks_two_choice_first_and_recommends_it(four: QualifyRun) -> No
            "hit_rate-gain[A-third-read]" in summary
 
 
+@ON_FOUR
 def test_lab_time_per_arm_in_the_report_and_provenance(four: QualifyRun) -> None:
     run_dir = four.run_dir()
     trials = pd.read_csv(run_dir / "trials.csv")

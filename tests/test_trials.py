@@ -52,6 +52,10 @@ def seeded_scenario() -> Scenario:
     return scenario.model_copy(update={"server_flags": [*scenario.server_flags, "--sim-seed", str(SIM_SEED)]})
 
 
+# the tests on the opened lab share it (and its trials): one xdist worker runs them, so it opens once
+ON_THE_LAB = pytest.mark.xdist_group("trials-lab")
+
+
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimLab]:
     tmp = tmp_path_factory.mktemp("trials")
@@ -93,6 +97,7 @@ def emulated(policies: tuple[str, ...], seed: int) -> dict[str, dict[str, dict[s
 # --- one trial of each build -------------------------------------------------------------------------
 
 
+@ON_THE_LAB
 def test_both_builds_finish_ok_with_samples_for_every_request_and_host(sim: SimLab,
                                                                        pair: dict[str, TrialResult]) -> None:
     for build, result in pair.items():
@@ -107,6 +112,7 @@ def test_both_builds_finish_ok_with_samples_for_every_request_and_host(sim: SimL
     assert sorted(zip(trials["build"], trials["outcome"])) == [("set4", OK), ("two_choice", OK)]
 
 
+@ON_THE_LAB
 def test_misses_are_rows_added_plus_evictions_plus_refused_on_every_host(sim: SimLab,
                                                                           pair: dict[str, TrialResult]) -> None:
     for build, result in pair.items():
@@ -119,6 +125,7 @@ def test_misses_are_rows_added_plus_evictions_plus_refused_on_every_host(sim: Si
             assert (hosts[metric].groupby(level="request").sum() == table.xs(ALL, level="host")[metric]).all()
 
 
+@ON_THE_LAB
 def test_combined_hit_rates_match_the_emulator_within_half_a_point(sim: SimLab,
                                                                    pair: dict[str, TrialResult]) -> None:
     reference = emulated(("set4", "two_choice"), SIM_SEED)
@@ -137,6 +144,7 @@ def test_combined_hit_rates_match_the_emulator_within_half_a_point(sim: SimLab,
     assert two.loc[("B-new-start", ALL), "hit_rate"] > set4.loc[("B-new-start", ALL), "hit_rate"] + 0.05
 
 
+@ON_THE_LAB
 def test_exposed_readiness_wait_is_rank0s_and_the_sum_is_kept(sim: SimLab, pair: dict[str, TrialResult]) -> None:
     table = per_request(sim.samples("set4", pair["set4"].row.trial))
     for request in REQUESTS:
@@ -146,12 +154,14 @@ def test_exposed_readiness_wait_is_rank0s_and_the_sum_is_kept(sim: SimLab, pair:
         assert table.loc[(request, ALL), "client_time_s"] > 0
 
 
+@ON_THE_LAB
 def test_progress_names_each_phase_and_request(sim: SimLab, pair: dict[str, TrialResult]) -> None:
     set4 = [p for p in sim.phases if "trial 1, build set4:" in p]
     assert set4[0].endswith("dropping page caches") and set4[-1].endswith("stopping ranks")
     assert [p.rsplit(": ", 1)[1] for p in set4 if "request" in p] == [f"request {r}" for r in REQUESTS]
 
 
+@ON_THE_LAB
 def test_exported_refused_inserts_equal_the_derived_ones(sim: SimLab) -> None:
     result = sim.trial("refused-metric", 10)
     assert result.row.outcome == OK, result.row.reason
@@ -164,6 +174,7 @@ def test_exported_refused_inserts_equal_the_derived_ones(sim: SimLab) -> None:
 # --- faults ------------------------------------------------------------------------------------------
 
 
+@ON_THE_LAB
 def test_prefix_reuse_makes_the_trial_invalid_and_says_why(sim: SimLab) -> None:
     result = sim.trial("prefix-reuse", 20)
     assert result.row.outcome == INVALID
@@ -179,6 +190,7 @@ def test_prefix_reuse_makes_the_trial_invalid_and_says_why(sim: SimLab) -> None:
     assert wait_no_sim_processes(sim.port) == []
 
 
+@ON_THE_LAB
 def test_missing_metric_names_the_metric_and_the_host(sim: SimLab) -> None:
     result = sim.trial("broken-metrics", 21)
     assert result.row.outcome == FAILED
@@ -190,6 +202,7 @@ def test_missing_metric_names_the_metric_and_the_host(sim: SimLab) -> None:
     assert wait_no_sim_processes(sim.port) == []
 
 
+@ON_THE_LAB
 def test_metrics_answering_500_fail_the_trial_naming_the_host(sim: SimLab) -> None:
     result = sim.trial("metrics-500", 22)
     assert result.row.outcome == FAILED
@@ -200,6 +213,7 @@ def test_metrics_answering_500_fail_the_trial_naming_the_host(sim: SimLab) -> No
     assert wait_no_sim_processes(sim.port) == []
 
 
+@ON_THE_LAB
 def test_crash_on_the_third_request_keeps_two_requests_and_stops_every_rank(sim: SimLab) -> None:
     result = sim.trial("crash-request3", 23)
     assert result.row.outcome == FAILED

@@ -55,7 +55,7 @@ def check_lines(output: str) -> list[str]:
 def test_noise_command_reproduces_the_studys_spreads(tmp_path: Path, build: str, cache: str | None,
                                                      kv_check: str) -> None:
     """Issue 10's figures: first-request wait difference, KV spreads, hit-rate spread, over 8 starts each."""
-    inventory = write_inventory(tmp_path)
+    inventory = write_inventory(tmp_path, client_latency=True)   # the calibrated noise whole
     scenario = [] if cache is None else ["--scenario", str(short_scenario(tmp_path, cache=cache))]
     status, output = noise("--hosts", str(inventory), "--build", build, "--starts", "8", "--seed", "7", *scenario)
     checks = check_lines(output)
@@ -72,7 +72,7 @@ def test_a_bad_start_is_one_outlying_trial_with_all_its_waits_high(tmp_path: Pat
     """Bad starts drawn at 30 % over 8 starts: the trials the model marks bad, and only they, wait ~4x
     on every request."""
     rate = "0.3"
-    path = write_inventory(tmp_path, builds={"set4-flaky-disk": {
+    path = write_inventory(tmp_path, client_latency=True, builds={"set4-flaky-disk": {
         "path": "fixtures/cache_qualify/sim/server.py", "flags": [*LOWERED, "--sim-bad-start-rate", rate]}})
     scenario = load_scenario(short_scenario(tmp_path, requests=("A", "A-new-start", "A-third-read")))
     report = measure(load_inventory(path), build="set4-flaky-disk", scenario=scenario, starts=8, seed=11)
