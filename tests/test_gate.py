@@ -119,7 +119,9 @@ def test_aa_run_finds_no_gain(tmp_path: Path) -> None:
 
 
 def test_lru4_fails_on_the_third_read_of_a(tmp_path: Path) -> None:
-    run = qualify(tmp_path, "--candidate", "lru4")
+    # LRU's third read of A loses 17 points of hit rate against noise of hundredths of a point: two
+    # trials per build decide it (the tournament's lru4, the same seed's starts, fails there too)
+    run = qualify(tmp_path, "--candidate", "lru4", "--trials", "2", "--max-trials", "2")
     assert run.returncode == 1
     outcome, props, message = case(run, "hit_rate-gain[A-third-read]")
     assert outcome == "failed" and props["outcome"] == "fail"
