@@ -37,7 +37,13 @@ def postgres() -> Iterator[Postgres]:
         yield server
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+# the tests on the PostgreSQL share its server, those on the stepped series its import: one xdist
+# worker runs each set, so each is made once
+ON_POSTGRES = pytest.mark.xdist_group("history-postgres")
+ON_STEPPED = pytest.mark.xdist_group("history-stepped")
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=ON_POSTGRES)])
 def history_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return default_url(tmp_path)
@@ -126,6 +132,7 @@ def stepped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return reports
 
 
+@ON_STEPPED
 def test_change_found_at_the_step_and_none_without(stepped: Path, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     quiet = history_sim.write_series(tmp_path, history_sim.quiet_series(np.random.default_rng(12)))
@@ -196,6 +203,7 @@ def chromium() -> object:
     return webdriver.Chrome(service=Service(driver), options=options)
 
 
+@ON_STEPPED
 def test_page_loads_in_a_browser_with_every_run_and_its_plots(stepped: Path, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     folders = sorted(p for p in stepped.iterdir() if p.is_dir())
