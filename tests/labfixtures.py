@@ -166,10 +166,18 @@ def run_qualify(inventory: Path, reports: Path, *args: str, timeout_s: float = 3
     return QualifyRun(proc.returncode, proc.stdout + proc.stderr, reports)
 
 
+def _as_from_a_terminal() -> None:
+    # a shell without job control starts its background commands with SIGINT ignored, and the
+    # ignoring is inherited down to the run, whose Python then never raises KeyboardInterrupt:
+    # the run gets Ctrl-C's default, as a runner's terminal gives it, however the suite was started
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_qualify(inventory: Path, reports: Path, *args: str) -> subprocess.Popen[str]:
     """Start `pytest qualify` in its own session (so a test can signal it like a terminal would)."""
     return subprocess.Popen(qualify_command(inventory, reports, *args), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=_as_from_a_terminal)
 
 
 def interrupt(proc: subprocess.Popen[str], sig: int = signal.SIGINT) -> str:
