@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from cache_qualify.config.inventory import load_inventory
+from cache_qualify.errors import PlanError, RecordedError
+from cache_qualify.qualification import Qualifier, RunOptions
 from cache_qualify.report.consistency import counter_problems
 from cache_qualify.samples.store import SampleStore
-from tests.labfixtures import REPO, inventory_port, run_qualify, wait_no_sim_processes
+from tests.labfixtures import REPO, inventory_port, run_qualify, wait_no_sim_processes, write_inventory
 from tests.test_resume import rows
 from tests.test_xdist import small_scenario, two_groups
 
@@ -53,6 +58,30 @@ def test_two_workers_asking_for_one_scenario_at_once_measure_it_once(tmp_path: P
     # both workers ran every scenario test, and passed it, on the one measurement
     passed = collections.Counter(line for line in run.output.splitlines() if line.startswith("PASSED qualify/test_"))
     assert len(passed) > 5 and set(passed.values()) == {2}, run.output
+    # the waiter's verdicts, rebuilt from the run folder, are the owner's figure for figure
+    figures = collections.defaultdict(list)
+    for case in run.junit().iter("testcase"):
+        figures[case.get("name")].append(sorted((p.get("name"), p.get("value")) for p in case.iter("property")))
+    verdicts = {name: both for name, both in figures.items() if any(both)}
+    assert verdicts and all(len(both) == 2 and both[0] == both[1] for both in verdicts.values()), figures
+
+
+def test_an_error_that_stopped_the_owner_is_read_back_not_met_again(tmp_path: Path) -> None:
+    """A qualification that could not run is recorded for the run's other processes (no second
+    attempt at it); a resumed run (another session) tries again."""
+    inventory = load_inventory(write_inventory(tmp_path, noise="quiet"))
+    scenario = str(small_scenario(tmp_path, SCENARIO, "1G"))
+    # an exact test on two trials per build cannot reach this alpha: refused before any lab time
+    options = RunOptions(run_id="run", run_dir=tmp_path / "run", seed=1, alpha=0.001, method="mannwhitney",
+                         session="one-session")
+    with pytest.raises(PlanError) as owner:
+        Qualifier(inventory, options).result(scenario)
+    with pytest.raises(RecordedError) as other:
+        Qualifier(inventory, options).result(scenario)
+    assert other.value.kind == "PlanError" and str(owner.value) in str(other.value)
+    assert f"process {os.getpid()}" in str(other.value)
+    with pytest.raises(PlanError):
+        Qualifier(inventory, replace(options, session="resumed")).result(scenario)
 
 
 def start(inventory: Path, run_dir: Path, scenario: Path, session: str) -> subprocess.Popen[str]:
@@ -105,9 +134,6 @@ def test_a_waiting_process_takes_over_when_the_owner_is_killed(tmp_path: Path) -
 def main() -> None:
     """`python -m tests.test_claims INVENTORY RUN_DIR SCENARIO SESSION`: ask for the scenario's result
     as a worker of that run would; print progress, then the result as one JSON line."""
-    from cache_qualify.config.inventory import load_inventory
-    from cache_qualify.qualification import Qualifier, RunOptions
-
     inventory, run_dir, scenario, session = sys.argv[1:5]
     options = RunOptions(run_id="run", run_dir=Path(run_dir), seed=1, session=session)
     qualifier = Qualifier(load_inventory(inventory), options, progress=lambda text: print(text, flush=True))
