@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -91,9 +92,10 @@ def start(inventory: Path, run_dir: Path, scenario: Path, session: str) -> subpr
                             start_new_session=True)
 
 
-def wait_for(what: str, check: object, proc: subprocess.Popen[str], timeout_s: float = 60.0) -> None:
+def wait_for(what: str, check: Callable[[], bool], proc: subprocess.Popen[str], timeout_s: float = 60.0) -> None:
+    """Poll `check` while `proc` runs; fail with its output if it ends first or the time runs out."""
     deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
+    while not check():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             raise AssertionError(f"{what}: not within {timeout_s} s\n{proc.communicate()[0]}")
