@@ -106,22 +106,28 @@ def test_a_waiting_process_takes_over_when_the_owner_is_killed(tmp_path: Path) -
     inventory = two_groups(tmp_path)
     scenario = small_scenario(tmp_path, SCENARIO, "1G")
     run_dir = tmp_path / "reports" / "run"
-    owner = start(inventory, run_dir, scenario, "one-session")
     holder = run_dir / "claims" / f"{SCENARIO}.lock.holder"
-    wait_for("the owner finished a trial", lambda: len(rows(run_dir / "trials.csv")) >= 1, owner)
-    assert json.loads(holder.read_text())["pid"] == owner.pid
-    waiter = start(inventory, run_dir, scenario, "one-session")
-    lines: list[str] = []
-    assert waiter.stdout is not None
-    while not any("waiting for" in line for line in lines):
-        line = waiter.stdout.readline()
-        assert line, "".join(lines)
-        lines.append(line)
-    assert f"pid {owner.pid}" in lines[-1]
-    finished_by_owner = {r["attempt"] for r in rows(run_dir / "trials.csv")}
-    owner.kill()  # as the OOM killer would: its lock holders see it go and stop its servers
-    owner.wait()
-    out = "".join(lines) + waiter.communicate(timeout=120)[0]
+    owner = start(inventory, run_dir, scenario, "one-session")
+    waiter: subprocess.Popen[str] | None = None
+    try:
+        wait_for("the owner finished a trial", lambda: len(rows(run_dir / "trials.csv")) >= 1, owner)
+        assert json.loads(holder.read_text())["pid"] == owner.pid
+        waiter = start(inventory, run_dir, scenario, "one-session")
+        assert waiter.stdout is not None
+        lines: list[str] = []
+        while not any("waiting for" in line for line in lines):
+            line = waiter.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        assert f"pid {owner.pid}" in lines[-1]
+        finished_by_owner = {r["attempt"] for r in rows(run_dir / "trials.csv")}
+        owner.kill()  # as the OOM killer would: its lock holders see it go and stop its servers
+        owner.wait()
+        out = "".join(lines) + waiter.communicate(timeout=120)[0]
+    finally:
+        for proc in (owner, waiter):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
     assert waiter.returncode == 0, out
     assert "taking over" in out and out.count("dropping page caches") < TRIALS, out
     # the owner's finished trials were kept, not measured again; the killed one was run again
