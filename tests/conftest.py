@@ -50,13 +50,10 @@ def front_of_the_queue(item: pytest.Item) -> bool:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests that run whole qualifications or restart servers (marked ``slow``, and the stale-server
-    and two-group xdist tests) get one rerun: on a loaded 2-core CI machine a start can miss a
-    timing its test depends on. A second failure fails the run; every rerun is listed in the summary,
-    with why it failed. The two-group xdist test gets two: it failed once in about every other full
-    run on CI-like machines, never alone, and its cause is not found yet (the summary will show it).
+    test) get one rerun: on a loaded 2-core CI machine a start can miss a timing its test depends
+    on. A second failure fails the run; every rerun is listed in the summary, with why it failed.
     The costly tests go first (a stable sort: each module's order is kept)."""
-    timing_bound = {"test_stale_server_is_reported_then_killed_with_kill_stale": 1,
-                    "test_two_workers_run_two_scenarios_on_two_groups_into_one_report": 2}
+    timing_bound = {"test_stale_server_is_reported_then_killed_with_kill_stale": 1}
     for item in items:
         name = getattr(item, "originalname", item.name)
         if item.get_closest_marker("slow") or name in timing_bound:
