@@ -8,6 +8,8 @@ Without sshd these fixtures FAIL with an install hint: never skip.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +21,8 @@ from cache_qualify.lab.transport import LocalTransport, Transport
 if TYPE_CHECKING:  # paramiko is imported only by sessions that use SSH
     from cache_qualify.lab.transport import SshTransport
     from tests.sshd import SshdInstance, SshdLab
+
+AOT_BUILD = pytest.StashKey["subprocess.Popen[bytes]"]()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -34,6 +38,32 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.loadscopereorder = False
     if getattr(config, "workerinput", {}).get("loadgroup"):   # a worker parses only the command line
         config.option.loadgroup = True   # read by xdist's worker when it names the groups in node ids
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Build the row-cache kernels ahead of time at the session's start, at normal priority, in the
+    background (xdist's controller, or the one process without it). A fresh checkout has no build:
+    the first rank would start one at the lowest priority, which a busy machine starves for most of
+    the suite, so every simulated rank till then would import numba (about 0.35 s more CPU a rank).
+    The build takes the kernels' lock, so ranks and `tests/sim/test_aot.py` wait for it, never
+    build twice; the suite's end waits for it (no process outlives the session)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    from cache_qualify.sim import aot
+
+    if aot.module_path(aot.stamp()).exists() or aot.failed_note() is not None:
+        return
+    aot.FOLDER.mkdir(parents=True, exist_ok=True)
+    with open(aot.FOLDER / "rowcache_kernels.log", "ab") as log:   # where a rank's build logs too
+        session.config.stash[AOT_BUILD] = subprocess.Popen(
+            [sys.executable, "-m", "cache_qualify.sim.aot", "--nice", "0"], stdin=subprocess.DEVNULL,
+            stdout=log, stderr=log)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    build = session.config.stash.get(AOT_BUILD, None)
+    if build is not None:
+        build.wait(timeout=600)
 
 
 @pytest.hookimpl(optionalhook=True)
