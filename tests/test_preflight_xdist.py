@@ -52,13 +52,14 @@ def test_a_preflight_failed_on_one_host_stops_every_worker(tmp_path: Path) -> No
         run = run_qualify(inventory, tmp_path / "reports", *scenario_args(tmp_path), "-n", "2")
     assert run.returncode == 1, run.output
     cases = run.testcases()
-    failed = {name: case.find("failure") for name, case in cases.items() if case.find("failure") is not None}
+    failed = {name: failure.get("message", "") for name, case in cases.items()
+              if (failure := case.find("failure")) is not None}
     assert "test_port_free[gb10-f]" in failed, run.output
     why = "not run: preflight failed on test_port_free[gb10-f]: StaleServer: host gb10-f rank 2"
     scenario_cases = [name for name in cases if name.startswith(SCENARIO_TESTS)]
     assert {name.split("[")[0] for name in scenario_cases} == set(SCENARIO_TESTS), sorted(cases)
     for name in scenario_cases:
-        message = failed[name].get("message", "") if name in failed else "(passed)"
+        message = failed.get(name, "(passed)")
         assert message.startswith(f"Failed: {why}") and f"port {port} on 127.0.0.16 is in use" in message, (name, message)
     # no lab time: no host group claimed, no server started, no trial
     run_dir = run.run_dir()
