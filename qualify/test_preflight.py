@@ -1,7 +1,13 @@
 """Preflight: the runner's SSH key exists; every host reachable with a known key, the drop works
 without a password, both builds present, the rank's HTTP port reachable over its route and free,
 clocks in step. Runs first; `--preflight-only` runs only these. A host that cannot be reached
-fails once (`test_reachable`); its other checks are skipped rather than failing alike."""
+fails once (`test_reachable`); its other checks are skipped rather than failing alike.
+
+Under pytest-xdist (`-n N`, loadgroup) too: these tests are handed out before any scenario's
+group, each one's outcome is recorded in the run folder (`preflight/<session>/`), and a worker
+waits for all of them before its first scenario test, so no server of the run is up while one of
+them runs (`test_port_free` sees only other runners' servers) and a failure on any worker stops
+every scenario (cache_qualify.plugin)."""
 
 from __future__ import annotations
 
