@@ -42,9 +42,9 @@ def test_a_preflight_failed_on_one_host_stops_every_worker(tmp_path: Path) -> No
     process the suite did not start: neither worker starts a server, and every scenario test says why."""
     inventory = two_groups(tmp_path)
     port = inventory_port(inventory)
-    # the host's folder exists, as on a host that ran the suite before: without it, the port check
-    # cannot take the host's lock and leaves the port to the lock (see check_http_route)
-    (tmp_path / "on-hosts" / "gb10-f").mkdir(parents=True)
+    # gb10-f has no folder of the suite yet (a host it never ran on): no runner can hold it, so the
+    # process on its port is a stranger
+    assert not (tmp_path / "on-hosts" / "gb10-f").exists()
     with socket.socket() as squatter:
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         squatter.bind(("127.0.0.16", port))
