@@ -3,8 +3,9 @@
 Each test gets its own copy with a free server port, its own run folder on
 the "hosts" and absolute paths, so tests can run side by side (and beside a
 lab runner using the committed file) without sharing a port or a lock. Also:
-running the real `pytest qualify` in a subprocess, and finding emulated-server
-processes in the process table.
+a short scenario for tests about lifecycle rather than figures, running the
+real `pytest qualify` in a subprocess, and finding emulated-server processes in
+the process table.
 """
 
 from __future__ import annotations
