@@ -3,8 +3,9 @@
 Each test gets its own copy with a free server port, its own run folder on
 the "hosts" and absolute paths, so tests can run side by side (and beside a
 lab runner using the committed file) without sharing a port or a lock. Also:
-running the real `pytest qualify` in a subprocess, and finding emulated-server
-processes in the process table.
+a short scenario for tests about lifecycle rather than figures, running the
+real `pytest qualify` in a subprocess, and finding emulated-server processes in
+the process table.
 """
 
 from __future__ import annotations
@@ -89,6 +90,30 @@ def write_inventory(tmp_path: Path, *, name: str = "hosts.yaml", hosts: list[dic
         data["candidate"] = candidate
     path = tmp_path / name
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+# wide margins: two trials per build decide little, and the tests that run this scenario are about
+# lifecycle (scale-out, resuming, history, routes), not the RowCache's figures
+SMALL_EXPECTATIONS: tuple[Mapping[str, Any], ...] = (
+    {"metric": "hit_rate", "request": "A-new-start", "kind": "no_regression", "margin": 0.2},
+    {"metric": "kv_pages", "request": "*", "kind": "no_regression", "margin": 0.2})
+
+
+def small_scenario(tmp_path: Path, name: str, cache: str = "1G", *, trials: int = 2, max_trials: int | None = None,
+                   expectations: Sequence[Mapping[str, Any]] = SMALL_EXPECTATIONS) -> Path:
+    """The RowCache study's A and A-new-start only, 4,000 tokens each (the default scenario's trial replays
+    180,000 on every rank): the time is the servers' lifecycle, not the RowCache emulation's CPU.
+    Written to `tmp_path/<name>.yaml`; `max_trials` defaults to `trials` (no extra blocks)."""
+    text = (REPO / "fixtures" / "cache_qualify" / "config" / "scenarios" / "reread-1g.yaml").read_text()
+    data = yaml.safe_load(text)
+    data.update(name=name, server_flags=["--embedding-table-cache-size", cache, "--prefix-cache-memory", "0"],
+                requests=[{"name": "A", "start": 1000, "stop": 5000},
+                          {"name": "A-new-start", "start": 1000, "stop": 5000, "new_start": 1}],
+                trials=trials, max_trials=trials if max_trials is None else max_trials,
+                expectations=[dict(e) for e in expectations])
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
 

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from tests.labfaults import failures, rows
-from tests.labfixtures import REPO, QualifyRun, qualify_command, write_inventory
+from tests.labfixtures import REPO, QualifyRun, qualify_command, small_scenario, write_inventory
 from tests.netns import Netns, NetnsUnavailable, leftovers_of, veth
 from tests.sshd import SshdInstance, SshdLab
 
@@ -41,6 +41,7 @@ JUMP_PORT = 2200
 # two trials per build leave Welch's test one degree of freedom: alpha 0.05 keeps the KV-pages
 # verdict from failing by chance (as in test_resume)
 SHORT_GATE = ("--trials", "2", "--max-trials", "2", "--seed", "5", "--alpha", "0.05")
+SCENARIO = "bastion-short"
 
 
 @dataclass
@@ -60,6 +61,10 @@ class BastionLab:
         # (as in test_resume); the calibrated noise is the gate tests' business
         return write_inventory(self.tmp_path, name=name, hosts=hosts, ssh=self.ssh, noise="quiet",
                                server={"http_port": HTTP_PORT, "readiness": {"path": "/health", "timeout_s": 120}})
+
+    def short_scenario(self) -> tuple[str, str]:
+        """`--scenario` of the short scenario (the study's A and A-new-start), written in this lab's folder."""
+        return "--scenario", str(small_scenario(self.tmp_path, SCENARIO))
 
     def command(self, inventory: Path, *args: str) -> list[str]:
         return self.runner.argv(qualify_command(inventory, self.tmp_path / "reports", *args))
@@ -154,7 +159,8 @@ def test_gate_passes_with_every_request_forwarded_over_ssh(bastion: BastionLab) 
     """two_choice against set4, hosts named by ssh_config aliases behind the jump host, strict host keys:
     completions, /metrics and readiness all over forwarded ports; nothing left afterwards."""
     inventory = bastion.inventory()
-    run = bastion.qualify(inventory, *SHORT_GATE, "--run-id", "bastion")
+    # the route, not the figures: a short scenario's trials forward the same completions, metrics, readiness
+    run = bastion.qualify(inventory, *bastion.short_scenario(), *SHORT_GATE, "--run-id", "bastion")
     assert run.returncode == 0, run.output[-6000:]
     cases = run.testcases()
     assert any(name.startswith("test_row_cache") for name in cases), sorted(cases)
@@ -197,8 +203,10 @@ def test_a_runner_stopped_mid_trial_leaves_no_rank_session_or_forward(bastion: B
                                                                      stop: signal.Signals) -> None:
     inventory = bastion.inventory()
     reports = bastion.tmp_path / "reports"
-    proc = subprocess.Popen(bastion.command(inventory, *SHORT_GATE, "--run-id", "stopped"), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # teardown, not figures: the stop still lands mid-run, after request A of a short trial is on disk
+    command = bastion.command(inventory, *bastion.short_scenario(), *SHORT_GATE, "--run-id", "stopped")
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while not any(r["request"] == "A" for r in rows(reports / "stopped" / "samples.csv")):

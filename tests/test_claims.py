@@ -26,9 +26,10 @@ from cache_qualify.errors import PlanError, RecordedError
 from cache_qualify.qualification import Qualifier, RunOptions
 from cache_qualify.report.consistency import counter_problems
 from cache_qualify.samples.store import SampleStore
-from tests.labfixtures import REPO, inventory_port, run_qualify, wait_no_sim_processes, write_inventory
+from tests.labfixtures import (REPO, inventory_port, run_qualify, small_scenario, wait_no_sim_processes,
+                               write_inventory)
 from tests.test_resume import rows
-from tests.test_xdist import small_scenario, two_groups
+from tests.test_xdist import two_groups
 
 pytestmark = pytest.mark.slow
 

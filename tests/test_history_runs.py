@@ -19,13 +19,14 @@ import pytest
 import yaml
 
 from cache_qualify.history.store import History, default_url
-from tests.labfixtures import run_qualify, start_qualify, write_inventory
+from tests.labfixtures import run_qualify, small_scenario, start_qualify, write_inventory
 from tests.postgres import Postgres, postgres_server
 from tests.test_resume import OPTIONS, wait_mid_trial
 
 pytestmark = pytest.mark.slow
 
 TRIALS = 4  # OPTIONS: two per build
+SCENARIO = "history-short"
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +51,11 @@ def lab(tmp_path: Path, name: str) -> Path:
     return write_inventory(folder, noise="quiet")
 
 
+def short(tmp_path: Path) -> tuple[str, str]:
+    """`--scenario` of the short scenario (the study's A and A-new-start), written under `tmp_path`."""
+    return "--scenario", str(small_scenario(tmp_path, SCENARIO))
+
+
 def with_history(inventory: Path, url: str) -> Path:
     data = yaml.safe_load(inventory.read_text(encoding="utf-8"))
     data["history"] = url
@@ -66,8 +72,11 @@ def finish(proc: subprocess.Popen[str]) -> str:
 def test_two_runners_write_one_postgresql_at_once(tmp_path: Path, postgres: Postgres) -> None:
     url = postgres.create_database("two_runners")
     first, second = lab(tmp_path, "a"), with_history(lab(tmp_path, "b"), url)
-    procs = [start_qualify(first, tmp_path / "reports-a", "--run-id", "runner-a", "--history", url, *OPTIONS),
-             start_qualify(second, tmp_path / "reports-b", "--run-id", "runner-b", *OPTIONS)]
+    # history rows written by two runners at once, not figures: the short scenario's runs write the same tables
+    scenario = short(tmp_path)
+    procs = [start_qualify(first, tmp_path / "reports-a", "--run-id", "runner-a", "--history", url, *scenario,
+                           *OPTIONS),
+             start_qualify(second, tmp_path / "reports-b", "--run-id", "runner-b", *scenario, *OPTIONS)]
     outputs = [finish(p) for p in procs]
     assert all("history: postgresql+psycopg://qualify@127.0.0.1" in out for out in outputs), outputs
     runs = runs_json(url, tmp_path)
@@ -78,8 +87,8 @@ def test_two_runners_write_one_postgresql_at_once(tmp_path: Path, postgres: Post
         # what the runners wrote as they went is what importing their folders gives: nothing is added
         assert [history.record(tmp_path / f"reports-{x}" / f"runner-{x}") for x in "ab"] == [0, 0]
         assert history.dump() == live
-        samples = len(history.values(scenario="reread-1g"))
-    written = sum(len(json.loads((tmp_path / f"reports-{x}" / f"runner-{x}" / "verdicts-reread-1g.json")
+        samples = len(history.values(scenario=SCENARIO))
+    written = sum(len(json.loads((tmp_path / f"reports-{x}" / f"runner-{x}" / f"verdicts-{SCENARIO}.json")
                                  .read_text(encoding="utf-8"))) for x in "ab")
     assert samples > 0 and len(live["verdicts"]) == written > 0
     assert {row[1] for row in live["builds"]} == {"set4", "two_choice"}
@@ -88,8 +97,10 @@ def test_two_runners_write_one_postgresql_at_once(tmp_path: Path, postgres: Post
 
 def test_killed_runner_is_unfinished_until_resumed_sqlite(tmp_path: Path) -> None:
     reports = tmp_path / "reports"
-    killed = start_qualify(lab(tmp_path, "k"), reports, "--run-id", "killed", *OPTIONS)
-    other = start_qualify(lab(tmp_path, "o"), reports, "--run-id", "other", *OPTIONS)
+    # an unfinished row and its resume, not figures: a short trial is still cut after its A (wait_mid_trial)
+    scenario = short(tmp_path)
+    killed = start_qualify(lab(tmp_path, "k"), reports, "--run-id", "killed", *scenario, *OPTIONS)
+    other = start_qualify(lab(tmp_path, "o"), reports, "--run-id", "other", *scenario, *OPTIONS)
     wait_mid_trial(killed, reports / "killed")
     os.killpg(killed.pid, signal.SIGKILL)  # the runner dies: no end of run is recorded
     killed.communicate(timeout=60)

@@ -1,6 +1,7 @@
 """A run killed mid-trial keeps what it measured, leaves no rank behind, and `--resume` completes it.
 
-The real `pytest qualify` in a subprocess on a private simulated lab, two trials per build.
+The real `pytest qualify` in a subprocess on a private simulated lab, two trials per build of the
+short scenario (the study's A and A-new-start, 4,000 tokens each).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from cache_qualify.samples.store import OK, SampleStore
-from tests.labfixtures import inventory_port, run_qualify, start_qualify, wait_no_sim_processes, write_inventory
+from tests.labfixtures import (inventory_port, run_qualify, small_scenario, start_qualify, wait_no_sim_processes,
+                               write_inventory)
 
 pytestmark = pytest.mark.slow
 
@@ -25,6 +27,8 @@ RUN_ID = "interrupted"
 # here) KV-pages verdict from failing by chance at the default 0.01
 OPTIONS = ("--trials", "2", "--max-trials", "2", "--seed", "5", "--alpha", "0.05")
 BUILDS = ("set4", "two_choice")
+SCENARIO = "resume-short"
+LAST_REQUEST = "A-new-start"  # the short scenario's last request: every finished trial has its samples
 
 
 def rows(path: Path) -> list[dict[str, str]]:
@@ -57,7 +61,9 @@ def interrupt_and_resume(tmp_path: Path, stop: signal.Signals) -> None:
     port = inventory_port(inventory)
     reports = tmp_path / "reports"
     run_dir = reports / RUN_ID
-    proc = start_qualify(inventory, reports, "--run-id", RUN_ID, *OPTIONS)
+    # signals and resuming, not figures: a short trial is still cut after its A, before its A-new-start's new start
+    scenario = small_scenario(tmp_path, SCENARIO)
+    proc = start_qualify(inventory, reports, "--run-id", RUN_ID, "--scenario", str(scenario), *OPTIONS)
     cut = wait_mid_trial(proc, run_dir)
     if stop == signal.SIGINT:
         os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C goes to the whole foreground group
@@ -94,7 +100,7 @@ def interrupt_and_resume(tmp_path: Path, stop: signal.Signals) -> None:
     assert not cut & set(trials["attempt"])
     samples = SampleStore(run_dir).samples()
     assert set(samples["attempt"]) == set(ok["attempt"])
-    assert samples.query("request == 'B-new-start' and host == 'all' and metric == 'hit_rate'").shape[0] == 4
+    assert samples.query(f"request == '{LAST_REQUEST}' and host == 'all' and metric == 'hit_rate'").shape[0] == 4
 
 
 def test_ctrl_c_mid_trial_keeps_samples_and_resume_completes(tmp_path: Path) -> None:

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.labfixtures import REPO, inventory_port, run_qualify, wait_no_sim_processes, write_inventory
+from tests.labfixtures import (REPO, inventory_port, run_qualify, small_scenario, wait_no_sim_processes,
+                               write_inventory)
 
 pytestmark = pytest.mark.slow
 
@@ -38,23 +39,6 @@ def two_groups(tmp_path: Path, sleep_scale: float = TEST_SLEEP_SCALE) -> Path:
                      "flags": [*inventory["builds"][name]["flags"], "--sim-sleep-scale", str(sleep_scale)]} for name in ("set4", "two_choice")}
     # scale-out, not statistics: the quiet lab, whose servers sleep only the modelled time above
     return write_inventory(tmp_path, hosts=hosts, groups=groups, builds=builds, noise="quiet")
-
-
-def small_scenario(tmp_path: Path, name: str, cache: str) -> Path:
-    """The RowCache study's A and A-new-start only: the time is the servers', not the runner's CPU."""
-    text = (REPO / "fixtures" / "cache_qualify" / "config" / "scenarios" / "reread-1g.yaml").read_text()
-    data = yaml.safe_load(text)
-    data.update(name=name, server_flags=["--embedding-table-cache-size", cache, "--prefix-cache-memory", "0"],
-                requests=[{"name": "A", "start": 1000, "stop": 5000},
-                          {"name": "A-new-start", "start": 1000, "stop": 5000, "new_start": 1}],
-                trials=2, max_trials=2,
-                # wide margins: this test is about scale-out, and two trials per build decide little
-                expectations=[{"metric": "hit_rate", "request": "A-new-start", "kind": "no_regression",
-                               "margin": 0.2},
-                              {"metric": "kv_pages", "request": "*", "kind": "no_regression", "margin": 0.2}])
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
 
 
 def scenario_args(tmp_path: Path) -> list[str]:
