@@ -60,16 +60,18 @@ def intervals(run_dir: Path) -> dict[str, tuple[datetime, datetime]]:
 
 def test_two_workers_run_two_scenarios_on_two_groups_into_one_report(tmp_path: Path) -> None:
     inventory = two_groups(tmp_path)
-    run = run_qualify(inventory, tmp_path / "reports", *scenario_args(tmp_path), "-n", "2")
+    # -v: each test's line names its worker ([gw0], [gw1])
+    run = run_qualify(inventory, tmp_path / "reports", *scenario_args(tmp_path), "-n", "2", "-v")
     assert run.returncode == 0, run.output
     assert wait_no_sim_processes(inventory_port(inventory)) == []
     run_dir = run.run_dir()
     verdicts = json.loads((run_dir / "verdicts.json").read_text())
     assert sorted(verdicts["scenarios"]) == ["small-1g", "small-2g"]
     # each worker claimed its own host group, and the two scenarios ran at the same time
-    assert {p.name for p in run_dir.glob("facts-*.json")} == {"facts-tp-1.json", "facts-tp-2.json"}
+    # (the run's output names the worker of each test, and who waited for whom: the clue if not)
+    assert {p.name for p in run_dir.glob("facts-*.json")} == {"facts-tp-1.json", "facts-tp-2.json"}, run.output
     (a_start, a_end), (b_start, b_end) = intervals(run_dir).values()
-    assert a_start < b_end and b_start < a_end, "the two scenarios did not overlap: one worker waited"
+    assert a_start < b_end and b_start < a_end, f"the two scenarios did not overlap: one worker waited\n{run.output}"
     summary = (run_dir / "summary.md").read_text()
     assert "small-1g" in summary and "small-2g" in summary
 
