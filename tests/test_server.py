@@ -79,6 +79,30 @@ def test_rank_exiting_at_startup_names_host_rank_status_and_error(inventory: Inv
     assert "error" in info.value.log_tail.lower(), info.value.log_tail
 
 
+def test_a_rank_that_exited_keeps_its_status_beside_it_when_others_are_down_too(inventory: Inventory) -> None:
+    """Whether the peers are already down when a rank's exit is found is timing; the message's shape is not."""
+    port = inventory.server.http_port
+    with open_lab(inventory) as lab:
+        server = start_build(lab, "rank1-exits")
+        try:
+            with pytest.raises(RankExited):
+                server.wait_ready(timeout_s=60)
+            for pid, _ in sim_processes(port):  # the peers go down too, behind the group's back
+                os.kill(pid, signal.SIGKILL)
+            assert wait_no_sim_processes(port) == []
+            deadline = time.monotonic() + 30  # until each rank's wrapper has recorded how it ended
+            while any(server.status(p).running for p in server.ranks) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with pytest.raises(RankExited, match=r"^host gb10-b rank 1: rank 1 of build 'rank1-exits' exited after "
+                                                 r"the peers \(exit status [1-9]\d*\); also not running: rank 2 "
+                                                 r"on host gb10-c, rank 0 on host gb10-a\n--- last lines") as info:
+                server.check_alive("after the peers")
+        finally:
+            server.stop()
+            server.close()
+    assert info.value.exit_status is not None and info.value.exit_status > 0
+
+
 def test_default_reserve_with_4g_cache_fails_with_the_ranks_error(inventory: Inventory) -> None:
     flags = ("--embedding-table-cache-size", "4G", "--prefix-cache-memory", "0")
     with open_lab(inventory) as lab:
