@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from cache_qualify.lab.transport import LocalTransport, Transport
+from cache_qualify.plugin import tag_xdist_groups
 
 if TYPE_CHECKING:  # paramiko is imported only by sessions that use SSH
     from cache_qualify.lab.transport import SshTransport
@@ -78,22 +79,20 @@ def front_of_the_queue(item: pytest.Item) -> bool:
     return item.get_closest_marker("slow") is not None or item.get_closest_marker("xdist_group") is not None
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(trylast=True)  # after xdist's worker has tagged the node ids with their groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that run whole qualifications or restart servers (marked ``slow``, and the stale-server
     test) get one rerun: on a loaded 2-core CI machine a start can miss a timing its test depends
     on. A second failure fails the run; every rerun is listed in the summary, with why it failed.
-    The two-group xdist test gets two: with pytest 9.2 the inner run's workers do not tag the
-    scenario tests with their xdist_group (no ``@scenario`` in the node ids; pytest 9.0 does), so the
-    two scenarios' tests are dealt to both workers, the claims keep each measured once, and whether
-    they still run on two host groups at once is timing (the next thing to fix).
-    The costly tests go first (a stable sort: each module's order is kept)."""
-    timing_bound = {"test_stale_server_is_reported_then_killed_with_kill_stale": 1,
-                    "test_two_workers_run_two_scenarios_on_two_groups_into_one_report": 2}
+    The costly tests go first (a stable sort: each module's order is kept), and each test's
+    xdist_group is in its node id whatever the pytest (`tag_xdist_groups`), so a shared run is
+    made once."""
     for item in items:
         name = getattr(item, "originalname", item.name)
-        if item.get_closest_marker("slow") or name in timing_bound:
-            item.add_marker(pytest.mark.flaky(reruns=timing_bound.get(name, 1)))
+        if item.get_closest_marker("slow") or name == "test_stale_server_is_reported_then_killed_with_kill_stale":
+            item.add_marker(pytest.mark.flaky(reruns=1))
     items.sort(key=lambda item: not front_of_the_queue(item))
+    tag_xdist_groups(config, items)
 
 
 RERUN_LINES = 80   # of a rerun test's first failure shown in the summary

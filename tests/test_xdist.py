@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import tempfile
 import time
 from datetime import datetime
@@ -60,13 +61,19 @@ def intervals(run_dir: Path) -> dict[str, tuple[datetime, datetime]]:
 
 def test_two_workers_run_two_scenarios_on_two_groups_into_one_report(tmp_path: Path) -> None:
     inventory = two_groups(tmp_path)
-    # -v: each test's line names its worker ([gw0], [gw1])
-    run = run_qualify(inventory, tmp_path / "reports", *scenario_args(tmp_path), "-n", "2", "-v")
+    # -vv over run_qualify's -q: verbose, each test's line names its worker ([gw0], [gw1])
+    run = run_qualify(inventory, tmp_path / "reports", *scenario_args(tmp_path), "-n", "2", "-vv")
     assert run.returncode == 0, run.output
     assert wait_no_sim_processes(inventory_port(inventory)) == []
     run_dir = run.run_dir()
     verdicts = json.loads((run_dir / "verdicts.json").read_text())
     assert sorted(verdicts["scenarios"]) == ["small-1g", "small-2g"]
+    # every scenario test's node id carries its group, and each group ran on one worker
+    workers: dict[str, set[str]] = {}
+    for worker, scenario in re.findall(r"^\[(gw\d)\] \[ *\d+%\] \w+ \S+@(small-[12]g) *$", run.output, re.M):
+        workers.setdefault(scenario, set()).add(worker)
+    assert sorted(workers) == ["small-1g", "small-2g"], run.output
+    assert all(len(w) == 1 for w in workers.values()) and workers["small-1g"] != workers["small-2g"], workers
     # each worker claimed its own host group, and the two scenarios ran at the same time
     # (the run's output names the worker of each test, and who waited for whom: the clue if not)
     assert {p.name for p in run_dir.glob("facts-*.json")} == {"facts-tp-1.json", "facts-tp-2.json"}, run.output
