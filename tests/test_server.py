@@ -145,14 +145,17 @@ def test_unrecorded_process_on_the_port_is_reported(inventory: Inventory) -> Non
 
 
 def test_closing_the_lab_stops_servers_the_runner_left(inventory: Inventory) -> None:
-    """The lock holder's release command stops whatever the runner recorded."""
+    """The lock holder's release command stops whatever the runner recorded, and removes the records."""
     lab = open_lab(inventory)
     server = start_build(lab, "set4")
     server.wait_ready()
     assert len(sim_processes(inventory.server.http_port)) == 3
+    records = [Path(p.pgid_path) for p in server.ranks]
+    assert all(r.is_file() for r in records), records
     lab.close()  # no server.stop(): as if the runner forgot
     server.close()
     assert wait_no_sim_processes(inventory.server.http_port) == []
+    assert [r for r in records if r.exists()] == [], "a process-group record outlived its group"
 
 
 def test_sigkilled_runner_leaves_no_server_and_no_lock(tmp_path: Path) -> None:
