@@ -63,10 +63,11 @@ def write_inventory(tmp_path: Path, *, name: str = "hosts.yaml", hosts: list[dic
                     groups: list[dict[str, Any]] | None = None, ssh: Mapping[str, Any] | None = None,
                     server: Mapping[str, Any] | None = None, builds: Mapping[str, Mapping[str, Any]] | None = None,
                     baseline: str | None = None, candidate: str | None = None, noise: str | None = None,
-                    client_latency: bool = False) -> Path:
+                    client_latency: bool = False, sim_flags: Sequence[str] = ()) -> Path:
     """An inventory like the committed one with a free port, its own run folder and absolute paths;
     `noise` names the emulated server's noise profile of every build (default: the calibrated one).
-    The profile's client latency is left out unless `client_latency` (see NO_CLIENT_LATENCY)."""
+    The profile's client latency is left out unless `client_latency` (see NO_CLIENT_LATENCY);
+    `sim_flags` go to every build's emulated server."""
     data = committed_inventory()
     addresses = [h["address"] for h in (hosts or data["hosts"])]
     # a port given in `server` is not probed here (hosts behind a jump host cannot be)
@@ -77,7 +78,7 @@ def write_inventory(tmp_path: Path, *, name: str = "hosts.yaml", hosts: list[dic
     for build in data["builds"].values():   # the test's own builds too
         build["path"] = str(REPO / build["path"])
         build["flags"] = [*build.get("flags", ()), *(("--sim-noise", noise) if noise else ()),
-                          *(() if client_latency else NO_CLIENT_LATENCY)]
+                          *(() if client_latency else NO_CLIENT_LATENCY), *sim_flags]
     if hosts is not None:
         data["hosts"] = hosts
     if groups is not None:

@@ -212,6 +212,26 @@ def test_three_ranks_answer_the_five_requests_and_every_rank_counts(
     assert 0.7 < hit_rates["B-new-start"] < 0.97
 
 
+def test_a_second_start_of_a_seed_reads_its_replays_back_and_exports_the_same_counters(
+        group: Any, sequence: list[Request], tmp_path: Path) -> None:
+    """The replay memo (cache_qualify.sim.memo) end to end: same seed, same requests, same counters
+    on every rank, the second time without replaying."""
+    flags = ["--embedding-table-cache-size", "1G", *LOWERED_RESERVE, "--sim-replay-memo", str(tmp_path / "memo")]
+    counted = (HITS, MISSES, INSERTS, EVICTIONS, RESIDENT)
+    exported = []
+    for attempt in range(2):
+        g = group(flags=flags)
+        g.wait_ready()
+        for request in sequence[:2]:
+            assert g.complete(request.tokens).status_code == 200
+        exported.append([{k: v for k, v in g.scrape(r).items() if k[0] in counted} for r in range(3)])
+        g.stop()
+        for r in range(3):
+            assert f"replay memo {tmp_path / 'memo'}" in g.log(r)
+            assert f"replay memo: {2 * attempt} request result(s) read back, {2 - 2 * attempt} written" in g.log(r)
+    assert exported[0] == exported[1] and all(exported[0][r] for r in range(3))
+
+
 def test_every_rank_logs_and_exports_its_kv_pages_and_seed(report_group: Group) -> None:
     for r in range(3):
         log = report_group.log(r)
