@@ -178,10 +178,13 @@ TEST_ONLY_PLUGINS = ("hypothesispytest", "benchmark", "anyio")
 
 
 def qualify_command(inventory: Path, reports: Path, *args: str) -> list[str]:
+    """The command line of a lab runner's `pytest qualify`, seeded, without the report's plots: they cost
+    a second of CPU a run and no test of a run reads them (tests/test_report.py draws and checks them,
+    and the gate's default run checks that `cache-qualify report` draws them afterwards)."""
     seeded = () if "--seed" in args or "--resume" in args else ("--seed", TEST_SEED)
     blocked = [arg for name in TEST_ONLY_PLUGINS for arg in ("-p", f"no:{name}")]
     return [sys.executable, "-m", "pytest", "qualify", "--hosts", str(inventory), "--reports-dir", str(reports),
-            "-p", "no:cacheprovider", *blocked, "-q", "-rA", *seeded, *args]
+            "-p", "no:cacheprovider", *blocked, "-q", "-rA", "--no-plots", *seeded, *args]
 
 
 def run_qualify(inventory: Path, reports: Path, *args: str, timeout_s: float = 300.0,

@@ -8,6 +8,9 @@ reproducible: a failure here replays with the same `--seed`.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -86,6 +89,23 @@ def test_two_choice_beats_set4_at_1g(default_run: QualifyRun) -> None:
     for produced in ("summary.md", "verdicts.json", "samples.csv", "trials.csv", "junit.xml", "provenance.json"):
         assert (run_dir / produced).is_file(), produced
     assert "summary:" in run.output and "two_choice" in run.output
+
+
+@ON_THE_DEFAULT_RUN
+def test_a_run_without_plots_says_how_to_draw_them_and_the_report_command_does(
+        default_run: QualifyRun, tmp_path: Path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(default_run.run_dir(), copy)   # the shared run stays as the run left it
+    summary = (copy / "summary.md").read_text(encoding="utf-8")
+    assert f"Not drawn in this run (`--no-plots`): `cache-qualify report {default_run.run_dir()}`" in summary
+    assert not list(copy.glob("plots/*.png"))
+    done = subprocess.run([sys.executable, "-m", "cache_qualify.cli", "report", str(copy)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    drawn = sorted(p.name for p in (copy / "plots").glob("*.png"))
+    assert drawn == ["reread-1g-kv-pages.png", "reread-1g-requests.png"]
+    summary = (copy / "summary.md").read_text(encoding="utf-8")
+    assert all(f"(plots/{name})" in summary for name in drawn) and "Not drawn" not in summary
 
 
 @ON_THE_DEFAULT_RUN
