@@ -13,12 +13,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from cache_qualify.lab.transport import LocalTransport, Transport
-from cache_qualify.plugin import tag_xdist_groups
+from cache_qualify.plugin import deal_by_group, tag_xdist_groups
 
 if TYPE_CHECKING:  # paramiko is imported only by sessions that use SSH
     from cache_qualify.lab.transport import SshTransport
@@ -34,12 +34,11 @@ def pytest_configure(config: pytest.Config) -> None:
     whole qualifications while the other has finished. `loadgroup` hands out one test (or one
     ``xdist_group``: tests that share a costly module fixture, made once) at a time as a worker
     frees up, in the order of pytest_collection_modifyitems below (its reordering by group size
-    is turned off). An explicit `--dist` other than load is left alone."""
+    is turned off). An explicit `--dist` other than load is left alone. The plugin's `deal_by_group`
+    does the switch, and tells the workers (as it does for `pytest qualify -n N`)."""
     if config.getoption("dist", "no") == "load":
-        config.option.dist = "loadgroup"
         config.option.loadscopereorder = False
-    if getattr(config, "workerinput", {}).get("loadgroup"):   # a worker parses only the command line
-        config.option.loadgroup = True   # read by xdist's worker when it names the groups in node ids
+    deal_by_group(config)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -76,12 +75,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     build = session.config.stash.get(AOT_BUILD, None)
     if build is not None:
         build.wait(timeout=600)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:
-    """Tell each xdist worker that the tests are dealt by group (see pytest_configure)."""
-    node.workerinput["loadgroup"] = node.config.getoption("dist") == "loadgroup"
 
 
 def front_of_the_queue(item: pytest.Item) -> bool:
