@@ -118,6 +118,11 @@ def small_scenario(tmp_path: Path, name: str, cache: str = "1G", *, trials: int 
     return path
 
 
+def small_scenario_option(tmp_path: Path, name: str, cache: str = "1G") -> tuple[str, str]:
+    """`--scenario PATH` of a `small_scenario` written under `tmp_path`."""
+    return "--scenario", str(small_scenario(tmp_path, name, cache))
+
+
 def sim_processes(port: int | None = None) -> list[tuple[int, str]]:
     """(pid, command line) of every emulated-server rank in the process table (on `port` if given)."""
     found = []

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from tests.labfaults import failures, rows
-from tests.labfixtures import REPO, QualifyRun, qualify_command, small_scenario, write_inventory
+from tests.labfixtures import REPO, QualifyRun, qualify_command, small_scenario_option, write_inventory
 from tests.netns import Netns, NetnsUnavailable, leftovers_of, veth
 from tests.sshd import SshdInstance, SshdLab
 
@@ -64,7 +64,7 @@ class BastionLab:
 
     def short_scenario(self) -> tuple[str, str]:
         """`--scenario` of the short scenario (the study's A and A-new-start), written in this lab's folder."""
-        return "--scenario", str(small_scenario(self.tmp_path, SCENARIO))
+        return small_scenario_option(self.tmp_path, SCENARIO)
 
     def command(self, inventory: Path, *args: str) -> list[str]:
         return self.runner.argv(qualify_command(inventory, self.tmp_path / "reports", *args))

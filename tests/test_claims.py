@@ -26,8 +26,8 @@ from cache_qualify.errors import PlanError, RecordedError
 from cache_qualify.qualification import Qualifier, RunOptions
 from cache_qualify.report.consistency import counter_problems
 from cache_qualify.samples.store import SampleStore
-from tests.labfixtures import (REPO, inventory_port, run_qualify, small_scenario, wait_no_sim_processes,
-                               write_inventory)
+from tests.labfixtures import (REPO, inventory_port, run_qualify, small_scenario, small_scenario_option,
+                               wait_no_sim_processes, write_inventory)
 from tests.test_resume import rows
 from tests.test_xdist import two_groups
 
@@ -48,8 +48,8 @@ def measured_once(run_dir: Path) -> None:
 def test_two_workers_asking_for_one_scenario_at_once_measure_it_once(tmp_path: Path) -> None:
     # `--dist each` runs every test on both workers: both ask for the scenario at the same moment
     inventory = two_groups(tmp_path)
-    scenario = small_scenario(tmp_path, SCENARIO, "1G")
-    run = run_qualify(inventory, tmp_path / "reports", "--scenario", str(scenario), "-n", "2", "--dist", "each")
+    run = run_qualify(inventory, tmp_path / "reports", *small_scenario_option(tmp_path, SCENARIO), "-n", "2",
+                      "--dist", "each")
     assert run.returncode == 0, run.output
     assert wait_no_sim_processes(inventory_port(inventory)) == []
     run_dir = run.run_dir()

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from cache_qualify.history.store import History, default_url
-from tests.labfixtures import run_qualify, small_scenario, start_qualify, write_inventory
+from tests.labfixtures import run_qualify, small_scenario_option, start_qualify, write_inventory
 from tests.postgres import Postgres, postgres_server
 from tests.test_resume import OPTIONS, wait_mid_trial
 
@@ -51,11 +51,6 @@ def lab(tmp_path: Path, name: str) -> Path:
     return write_inventory(folder, noise="quiet")
 
 
-def short(tmp_path: Path) -> tuple[str, str]:
-    """`--scenario` of the short scenario (the study's A and A-new-start), written under `tmp_path`."""
-    return "--scenario", str(small_scenario(tmp_path, SCENARIO))
-
-
 def with_history(inventory: Path, url: str) -> Path:
     data = yaml.safe_load(inventory.read_text(encoding="utf-8"))
     data["history"] = url
@@ -73,7 +68,7 @@ def test_two_runners_write_one_postgresql_at_once(tmp_path: Path, postgres: Post
     url = postgres.create_database("two_runners")
     first, second = lab(tmp_path, "a"), with_history(lab(tmp_path, "b"), url)
     # history rows written by two runners at once, not figures: the short scenario's runs write the same tables
-    scenario = short(tmp_path)
+    scenario = small_scenario_option(tmp_path, SCENARIO)
     procs = [start_qualify(first, tmp_path / "reports-a", "--run-id", "runner-a", "--history", url, *scenario,
                            *OPTIONS),
              start_qualify(second, tmp_path / "reports-b", "--run-id", "runner-b", *scenario, *OPTIONS)]
@@ -98,7 +93,7 @@ def test_two_runners_write_one_postgresql_at_once(tmp_path: Path, postgres: Post
 def test_killed_runner_is_unfinished_until_resumed_sqlite(tmp_path: Path) -> None:
     reports = tmp_path / "reports"
     # an unfinished row and its resume, not figures: a short trial is still cut after its A (wait_mid_trial)
-    scenario = short(tmp_path)
+    scenario = small_scenario_option(tmp_path, SCENARIO)
     killed = start_qualify(lab(tmp_path, "k"), reports, "--run-id", "killed", *scenario, *OPTIONS)
     other = start_qualify(lab(tmp_path, "o"), reports, "--run-id", "other", *scenario, *OPTIONS)
     wait_mid_trial(killed, reports / "killed")

@@ -21,9 +21,10 @@ import pytest
 from cache_qualify.errors import PreflightUnfinished, SamplesError
 from cache_qualify.samples import runfolder
 from cache_qualify.samples.runfolder import PreflightOutcome
-from tests.labfixtures import REPO, inventory_port, run_qualify, wait_no_sim_processes, write_inventory
+from tests.labfixtures import (REPO, inventory_port, run_qualify, small_scenario_option, wait_no_sim_processes,
+                               write_inventory)
 from tests.test_resume import rows
-from tests.test_xdist import scenario_args, small_scenario, two_groups
+from tests.test_xdist import scenario_args, two_groups
 
 SCENARIO_TESTS = ("test_all_ranks_started", "test_kv_pages", "test_no_prefix_cache_reuse", "test_trials_completed",
                   "test_counter_consistency", "test_row_cache")
@@ -80,8 +81,7 @@ def test_every_preflight_test_ends_before_the_first_trial_starts(tmp_path: Path)
     server only after the other worker's preflight tests ended, and no port check is confused by a
     server of this run (each rank's port was free on every host)."""
     inventory = write_inventory(tmp_path, noise="quiet")
-    scenario = small_scenario(tmp_path, "small-1g", "1G")
-    run = run_qualify(inventory, tmp_path / "reports", "--scenario", str(scenario), "-n", "2")
+    run = run_qualify(inventory, tmp_path / "reports", *small_scenario_option(tmp_path, "small-1g"), "-n", "2")
     assert run.returncode == 0, run.output
     run_dir = run.run_dir()
     outcomes = recorded(run_dir)

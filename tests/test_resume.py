@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from cache_qualify.samples.store import OK, SampleStore
-from tests.labfixtures import (inventory_port, run_qualify, small_scenario, start_qualify, wait_no_sim_processes,
+from tests.labfixtures import (inventory_port, run_qualify, small_scenario_option, start_qualify, wait_no_sim_processes,
                                write_inventory)
 
 pytestmark = pytest.mark.slow
@@ -62,8 +62,8 @@ def interrupt_and_resume(tmp_path: Path, stop: signal.Signals) -> None:
     reports = tmp_path / "reports"
     run_dir = reports / RUN_ID
     # signals and resuming, not figures: a short trial is still cut after its A, before its A-new-start's new start
-    scenario = small_scenario(tmp_path, SCENARIO)
-    proc = start_qualify(inventory, reports, "--run-id", RUN_ID, "--scenario", str(scenario), *OPTIONS)
+    proc = start_qualify(inventory, reports, "--run-id", RUN_ID, *small_scenario_option(tmp_path, SCENARIO),
+                         *OPTIONS)
     cut = wait_mid_trial(proc, run_dir)
     if stop == signal.SIGINT:
         os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C goes to the whole foreground group

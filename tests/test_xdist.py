@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.labfixtures import (REPO, inventory_port, run_qualify, small_scenario, wait_no_sim_processes,
+from tests.labfixtures import (REPO, inventory_port, run_qualify, small_scenario_option, wait_no_sim_processes,
                                write_inventory)
 
 pytestmark = pytest.mark.slow
@@ -43,8 +43,7 @@ def two_groups(tmp_path: Path, sleep_scale: float = TEST_SLEEP_SCALE) -> Path:
 
 
 def scenario_args(tmp_path: Path) -> list[str]:
-    paths = [small_scenario(tmp_path, "small-1g", "1G"), small_scenario(tmp_path, "small-2g", "2G")]
-    return [arg for path in paths for arg in ("--scenario", str(path))]
+    return [*small_scenario_option(tmp_path, "small-1g", "1G"), *small_scenario_option(tmp_path, "small-2g", "2G")]
 
 
 def intervals(run_dir: Path) -> dict[str, tuple[datetime, datetime]]:
