@@ -24,8 +24,6 @@ if TYPE_CHECKING:  # paramiko is imported only by sessions that use SSH
     from cache_qualify.lab.transport import SshTransport
     from tests.sshd import SshdInstance, SshdLab
 
-AOT_BUILD = pytest.StashKey["subprocess.Popen[bytes]"]()
-
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
@@ -42,24 +40,24 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Build the row-cache kernels ahead of time at the session's start, at normal priority, in the
-    background (xdist's controller, or the one process without it). A fresh checkout has no build:
-    the first rank would start one at the lowest priority, which a busy machine starves for most of
-    the suite, so every simulated rank till then would import numba (about 0.35 s more CPU a rank).
-    The build takes the kernels' lock, so ranks and `tests/sim/test_aot.py` wait for it, never
-    build twice; the suite's end waits for it (no process outlives the session)."""
+    """Build the row-cache kernels ahead of time before any test starts (xdist's controller, before
+    its workers, or the one process without them): its parts side by side, about 12 s on two
+    cores. A fresh checkout has no build; left to the first ranks, every rank till it was done
+    would import numba (0.3 s more CPU each) and the first ones compile the jitted kernels
+    (5 s each): on the suite's two cores, with its busiest tests at the front, that cost about
+    60 s of CPU. A build that fails is noted (`cache_qualify.sim.aot`) and the ranks use the jitted
+    kernels, as on a machine without a C compiler."""
     if hasattr(session.config, "workerinput"):
         return
     _compile_the_package()
     from cache_qualify.sim import aot
 
-    if aot.module_path(aot.stamp()).exists() or aot.failed_note() is not None:
+    if all(path.exists() for path in aot.module_paths(aot.stamp())) or aot.failed_note() is not None:
         return
     aot.FOLDER.mkdir(parents=True, exist_ok=True)
     with open(aot.FOLDER / "rowcache_kernels.log", "ab") as log:   # where a rank's build logs too
-        session.config.stash[AOT_BUILD] = subprocess.Popen(
-            [sys.executable, "-m", "cache_qualify.sim.aot", "--nice", "0"], stdin=subprocess.DEVNULL,
-            stdout=log, stderr=log)
+        subprocess.run([sys.executable, "-m", "cache_qualify.sim.aot", "--nice", "0"], stdin=subprocess.DEVNULL,
+                       stdout=log, stderr=log, check=False, timeout=600)
 
 
 def _compile_the_package() -> None:
@@ -69,12 +67,6 @@ def _compile_the_package() -> None:
     import cache_qualify
 
     compileall.compile_dir(Path(cache_qualify.__file__).parent, quiet=1)
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    build = session.config.stash.get(AOT_BUILD, None)
-    if build is not None:
-        build.wait(timeout=600)
 
 
 def front_of_the_queue(item: pytest.Item) -> bool:

@@ -18,13 +18,13 @@ from cache_qualify.sim.rowcache import POLICIES, RowCache
 
 
 @pytest.fixture(scope="module")
-def built() -> Path:
-    """The module for the current sources (built once per change of them, as a rank would)."""
+def built() -> tuple[Path, ...]:
+    """The modules for the current sources (built once per change of them, as a rank would)."""
     return aot.build()
 
 
-def test_a_fresh_interpreter_loads_the_built_kernel_without_numba(built: Path) -> None:
-    assert built == aot.module_path(aot.stamp()) and built.is_file()
+def test_a_fresh_interpreter_loads_the_built_kernel_without_numba(built: tuple[Path, ...]) -> None:
+    assert built == aot.module_paths(aot.stamp()) and all(path.is_file() for path in built)
     code = ("import sys, numpy as np; from cache_qualify.sim.rowcache import RowCache; "
             "c = RowCache('two_choice', 64, seed=1); c.gather(np.arange(1, 90, dtype=np.uint64)); "
             "print(c.compiled_ahead, 'numba' in sys.modules, c.counters().misses)")
@@ -33,7 +33,7 @@ def test_a_fresh_interpreter_loads_the_built_kernel_without_numba(built: Path) -
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_the_compiled_kernel_matches_the_jitted_one_gather_by_gather(built: Path, policy: str) -> None:
+def test_the_compiled_kernel_matches_the_jitted_one_gather_by_gather(built: tuple[Path, ...], policy: str) -> None:
     rng = np.random.default_rng(11)
     sizes = rng.integers(0, 300, size=400)
     sizes[::37] = 0  # empty gathers too
@@ -53,7 +53,7 @@ def test_the_compiled_kernel_matches_the_jitted_one_gather_by_gather(built: Path
     assert (compiled.counters().refused > 0) == compiled.admission
 
 
-def test_the_compiled_kernel_lets_other_threads_run(built: Path) -> None:
+def test_the_compiled_kernel_lets_other_threads_run(built: tuple[Path, ...]) -> None:
     """As the jitted kernels' nogil=True: rank 0 replays its share while its threads send the
     job to the other ranks."""
     cache = RowCache("set4", 1 << 20, seed=1)
@@ -87,8 +87,19 @@ def test_a_missing_module_falls_back_to_the_jitted_kernel(tmp_path: Path) -> Non
 
 
 def test_a_failed_build_is_noted_and_not_retried_in_the_background(tmp_path: Path) -> None:
-    note = aot.module_path(aot.stamp(), tmp_path).with_suffix(".failed")
+    note = aot.note_path(aot.stamp(), tmp_path)
     note.write_text("CompileError: no C compiler\n")
     said = aot.build_in_background(tmp_path)
     assert said == "not built ahead of time here (CompileError: no C compiler)"
     assert sorted(p.name for p in tmp_path.iterdir()) == [note.name]  # nothing started
+
+
+def test_each_policy_is_in_its_part_and_the_parts_hold_every_policy(built: tuple[Path, ...]) -> None:
+    """The build's parts are compiled side by side; a rank loads the one part its policy is in."""
+    key = aot.stamp()
+    exported = {part: sorted(name.removeprefix("replay_") for name in dir(aot._load(path, aot.module_name(key, part)))
+                             if name.startswith("replay_"))
+                for part, path in enumerate(built)}
+    assert sorted(p for names in exported.values() for p in names) == sorted(POLICIES)
+    assert all(policy in exported[aot.part_of(policy)] for policy in POLICIES)
+    assert len(built) == aot.PARTS > 1 and all(exported.values())
