@@ -8,7 +8,7 @@ Without sshd these fixtures FAIL with an install hint: never skip.
 
 from __future__ import annotations
 
-import compileall
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -49,7 +49,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     kernels, as on a machine without a C compiler."""
     if hasattr(session.config, "workerinput"):
         return
-    _compile_the_package()
+    _write_bytecode()
     from cache_qualify.sim import aot
 
     if all(path.exists() for path in aot.module_paths(aot.stamp())) or aot.failed_note() is not None:
@@ -60,13 +60,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                        stdout=log, stderr=log, check=False, timeout=600)
 
 
-def _compile_the_package() -> None:
-    """Write the package's bytecode once: with PYTHONDONTWRITEBYTECODE set (as some CI images set it)
-    every process would compile the modules it imports again, and the suite starts hundreds of
-    simulated ranks and dozens of `pytest qualify` runs (0.1 s of CPU each for the latter)."""
-    import cache_qualify
-
-    compileall.compile_dir(Path(cache_qualify.__file__).parent, quiet=1)
+def _write_bytecode() -> None:
+    """Let this session's processes write bytecode, as Python does by default. With
+    PYTHONDONTWRITEBYTECODE set (as some CI images set it) every process compiles what it imports
+    again, and pytest rewrites the assertions of every module of its entry-point plugins again:
+    each `pytest qualify` the suite starts (about 70) spent 0.4 s of CPU rewriting the
+    cache_qualify package alone. Set here, before xdist starts its workers, so they, the simulated
+    ranks and every run the tests start inherit it; the caches go to ``__pycache__`` folders, which
+    the checkout ignores."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
 
 
 def front_of_the_queue(item: pytest.Item) -> bool:

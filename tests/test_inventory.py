@@ -17,8 +17,11 @@ import yaml
 from cache_qualify.errors import InventoryError
 from cache_qualify.config.inventory import (Host, Inventory, check_address, inventory_hash, json_schema, load_inventory,
                                 render_argv, render_command)
+from cache_qualify.config import yamlsource
 from cache_qualify.config.metricnames import MetricNames
-from tests.labfixtures import edited, write_file
+from cache_qualify.config.scenario import SCENARIO_DIR
+from cache_qualify.config.yamlsource import load_yaml
+from tests.labfixtures import REPO, edited, write_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -173,6 +176,19 @@ def test_yaml_syntax_error_names_its_line(tmp_path: Path) -> None:
     with pytest.raises(InventoryError, match=r"hosts\.yaml:10: YAML syntax error") as info:
         load_inventory(write(tmp_path, text))
     assert info.value.line == 10
+
+
+@pytest.mark.parametrize("path", [REPO / "hosts.yaml", REPO / "examples" / "gb10-lab.yaml",
+                                  *sorted(SCENARIO_DIR.glob("*.yaml"))], ids=lambda p: p.name)
+def test_libyaml_and_the_pure_python_parser_read_the_same_data_and_lines(path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files are read by libyaml where PyYAML has it; the pure-Python parser (PyYAML without it, and
+    every file libyaml rejects, for its messages) must read them alike, value for value and line for line."""
+    assert yamlsource._FAST_LOADER is not None, "PyYAML here is built without libyaml: the fast path goes untested"
+    fast = load_yaml(path, error_type=InventoryError)
+    monkeypatch.setattr(yamlsource, "_FAST_LOADER", None)
+    plain = load_yaml(path, error_type=InventoryError)
+    assert fast.data == plain.data and dict(fast.lines) == dict(plain.lines) and len(fast.lines) > 10
 
 
 def test_missing_file(tmp_path: Path) -> None:
