@@ -105,15 +105,24 @@ def requests_on_disk(run_dir: Path) -> dict[str, list[str]]:
     return found
 
 
-def check_samples(run_dir: Path, hosts: tuple[str, ...], *, faulty_done: tuple[str, ...] | None) -> None:
+def sequence_of(repeat_c: int = 1) -> list[str]:
+    """The names of a trial's samples in order, as `scenario_file(repeat_c=...)` makes them (a repeated
+    request is named per repeat: C-1, C-2, ...)."""
+    *first, last = REQUESTS
+    return [STARTUP, *first, *([last] if repeat_c == 1 else [f"{last}-{i}" for i in range(1, repeat_c + 1)])]
+
+
+def check_samples(run_dir: Path, hosts: tuple[str, ...], *, faulty_done: tuple[str, ...] | None,
+                  repeat_c: int = 1) -> None:
     """Every finished trial has all its samples; the faulty trial those of the requests done before the fault.
 
     `faulty_done` None: the requests the faulty trial finished are not known in advance (a drop at
-    a random point), so they must only be a complete prefix of the sequence.
+    a random point), so they must only be a complete prefix of the sequence (`repeat_c`: as the
+    scenario was written).
     """
     trials = rows(run_dir / "trials.csv")
     on_disk = requests_on_disk(run_dir)
-    sequence = [STARTUP, *REQUESTS]
+    sequence = sequence_of(repeat_c)
     per_host = {(r["attempt"], r["request"], r["host"]) for r in rows(run_dir / "samples.csv")}
     for trial in trials:
         done = on_disk.get(trial["attempt"], [])

@@ -255,7 +255,8 @@ def drop_connection(instance: SshdInstance) -> None:
 def test_ssh_connection_of_a_host_drops_mid_trial(tmp_path: Path, sshd_lab: SshdLab, host_after: str) -> None:
     """The dropped connection ends the lock holder on gb10-b, which stops rank 1 (it cannot tell a drop from a
     dead runner): the trial fails naming the host and how to continue, whether the host comes back or not."""
-    setup = ssh_lab(tmp_path, sshd_lab, repeat_c=40)
+    repeats = 40   # of C: the trial lasts long enough for the drop to land in it, at A or at any C
+    setup = ssh_lab(tmp_path, sshd_lab, repeat_c=repeats)
     lab = setup.lab
     proc = start_qualify(lab.inventory, lab.reports, *lab.args("fault", "--seed", "3"))
     run_dir = lab.reports / "fault"
@@ -272,7 +273,7 @@ def test_ssh_connection_of_a_host_drops_mid_trial(tmp_path: Path, sshd_lab: Sshd
     assert "--resume fault" in message
     check_no_verdict(run, "host gb10-b rank 1")
     assert [t["outcome"] for t in rows(run_dir / "trials.csv")] == ["failed"]
-    check_samples(run_dir, lab.hosts, faulty_done=None)
+    check_samples(run_dir, lab.hosts, faulty_done=None, repeat_c=repeats)
     assert "A" in requests_on_disk(run_dir)[rows(run_dir / "trials.csv")[0]["attempt"]]
     check_aftermath(lab)
 
