@@ -56,8 +56,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return
     aot.FOLDER.mkdir(parents=True, exist_ok=True)
     with open(aot.FOLDER / "rowcache_kernels.log", "ab") as log:   # where a rank's build logs too
-        subprocess.run([sys.executable, "-m", "cache_qualify.sim.aot", "--nice", "0"], stdin=subprocess.DEVNULL,
-                       stdout=log, stderr=log, check=False, timeout=600)
+        try:
+            subprocess.run([sys.executable, "-m", "cache_qualify.sim.aot", "--nice", "0"], stdin=subprocess.DEVNULL,
+                           stdout=log, stderr=log, check=False, timeout=600)
+        except subprocess.TimeoutExpired:
+            pass   # killed: the suite runs on the jitted kernels, only slower (the log says how far it got)
 
 
 def _write_bytecode() -> None:
