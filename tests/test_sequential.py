@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import special
 
 from cache_qualify.errors import PlanError
+from cache_qualify.stats import sequential
 from cache_qualify.stats.sequential import (DEFAULT_BOUNDARY, Boundary, fractions_of, nominal_alpha, plan_looks,
                                            units_per_look)
 from cache_qualify.stats.planning import PLANNED_FIRST_LOOK, planned_trials, sequential_maximum
@@ -164,6 +166,42 @@ def test_the_t_boundary_is_cached_deterministic_and_refuses_bad_units() -> None:
         DEFAULT_BOUNDARY.nominal_levels(0.01, (1, 3))
     assert units_per_look((4, 6, 7), 2) == (2, 3, 4)
 
+
+
+def test_t_levels_kept_on_disk_are_the_simulated_ones_and_any_change_simulates_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run of the gate asks for the same few designs' levels: they are read back from disk, digit
+    for digit, by another process (here: with the in-process cache cleared); another design, alpha or
+    boundary is simulated; a damaged file is simulated again; an unwritable folder only costs the time."""
+    monkeypatch.setattr(sequential, "_LEVELS_FOLDER", tmp_path / "levels")
+    simulated: list[tuple[int, ...]] = []
+    real = sequential._simulated_t_levels
+
+    def counted(boundary: Boundary, alpha: float, units: tuple[int, ...], paired: bool) -> tuple[float, ...]:
+        simulated.append(units)
+        return real(boundary, alpha, units, paired)
+
+    monkeypatch.setattr(sequential, "_simulated_t_levels", counted)
+
+    def levels(alpha: float, units: tuple[int, ...], boundary: Boundary = DEFAULT_BOUNDARY) -> tuple[float, ...]:
+        sequential._t_levels.cache_clear()   # as a new process
+        return boundary.nominal_levels(alpha, units)
+
+    first = levels(0.01, (3, 5, 7))
+    assert simulated == [(3, 5, 7)] and len(list((tmp_path / "levels").glob("*.json"))) == 1
+    assert levels(0.01, (3, 5, 7)) == first and simulated == [(3, 5, 7)]          # read back
+    assert first == real(DEFAULT_BOUNDARY, 0.01, (3, 5, 7), True)                  # the simulated digits
+    levels(0.05, (3, 5, 7))
+    levels(0.01, (3, 5, 8))
+    levels(0.01, (3, 5, 7), Boundary(rho=3.0))
+    assert len(simulated) == 4 and len(list((tmp_path / "levels").glob("*.json"))) == 4
+    for stored in (tmp_path / "levels").glob("*.json"):
+        stored.write_text("[0.001, ")                                              # cut short
+    assert levels(0.01, (3, 5, 7)) == first and len(simulated) == 5
+    monkeypatch.setattr(sequential, "_LEVELS_FOLDER", tmp_path / "a-file" / "levels")
+    (tmp_path / "a-file").write_text("not a folder")
+    assert levels(0.01, (3, 5, 7)) == first and len(simulated) == 6
+    assert not list(tmp_path.glob("**/*.tmp"))
 
 
 # --- the gate by simulation: tests/test_validation.py (cache_qualify.stats.validation) -----------
