@@ -21,7 +21,7 @@ from cache_qualify.config import yamlsource
 from cache_qualify.config.metricnames import MetricNames
 from cache_qualify.config.scenario import SCENARIO_DIR
 from cache_qualify.config.yamlsource import load_yaml
-from tests.labfixtures import REPO, edited, write_file
+from tests.labfixtures import edited, write_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -178,7 +178,7 @@ def test_yaml_syntax_error_names_its_line(tmp_path: Path) -> None:
     assert info.value.line == 10
 
 
-@pytest.mark.parametrize("path", [REPO / "hosts.yaml", REPO / "examples" / "gb10-lab.yaml",
+@pytest.mark.parametrize("path", [ROOT / "hosts.yaml", ROOT / "examples" / "gb10-lab.yaml",
                                   *sorted(SCENARIO_DIR.glob("*.yaml"))], ids=lambda p: p.name)
 def test_libyaml_and_the_pure_python_parser_read_the_same_data_and_lines(path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
