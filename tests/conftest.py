@@ -50,6 +50,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if hasattr(session.config, "workerinput"):
         return
     _write_bytecode()
+    _one_blas_thread()
     from cache_qualify.sim import aot
 
     if all(path.exists() for path in aot.module_paths(aot.stamp())) or aot.failed_note() is not None:
@@ -73,6 +74,16 @@ def _write_bytecode() -> None:
     the checkout ignores."""
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
+
+
+def _one_blas_thread() -> None:
+    """One OpenBLAS thread in every process of the session. Each process that imports numpy
+    otherwise starts a BLAS thread per core, and on the suite's two cores, shared by two workers,
+    their ranks and runs, those threads only spin: 0.06 s of CPU per import alone, over some 800
+    processes. Nothing the tests compute is a matrix product large enough to gain from them (the
+    emulated ranks set the same limit for themselves). Set before xdist starts its workers, as
+    `_write_bytecode`; a value the environment gives is kept."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def front_of_the_queue(item: pytest.Item) -> bool:
