@@ -8,9 +8,12 @@ Without sshd these fixtures FAIL with an install hint: never skip.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,13 +43,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Build the row-cache kernels ahead of time before any test starts (xdist's controller, before
-    its workers, or the one process without them): its parts side by side, about 12 s on two
-    cores. A fresh checkout has no build; left to the first ranks, every rank till it was done
-    would import numba (0.3 s more CPU each) and the first ones compile the jitted kernels
-    (5 s each): on the suite's two cores, with its busiest tests at the front, that cost about
-    60 s of CPU. A build that fails is noted (`cache_qualify.sim.aot`) and the ranks use the jitted
-    kernels, as on a machine without a C compiler."""
+    """Start building the row-cache kernels ahead of time (xdist's controller, before its workers,
+    or the one process without them): its parts side by side, about 12 s on two cores, while the
+    workers start and collect; `pytest_runtestloop` waits for it before the first test. A fresh
+    checkout has no build; left to the first ranks, every rank till it was done would import
+    numba (0.3 s more CPU each) and the first ones compile the jitted kernels (5 s each): on the
+    suite's two cores, with its busiest tests at the front, that cost about 60 s of CPU. A build
+    that fails is noted (`cache_qualify.sim.aot`) and the ranks use the jitted kernels, as on a
+    machine without a C compiler."""
     if hasattr(session.config, "workerinput"):
         return
     _write_bytecode()
@@ -56,12 +60,52 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if all(path.exists() for path in aot.module_paths(aot.stamp())) or aot.failed_note() is not None:
         return
     aot.FOLDER.mkdir(parents=True, exist_ok=True)
-    with open(aot.FOLDER / "rowcache_kernels.log", "ab") as log:   # where a rank's build logs too
-        try:
-            subprocess.run([sys.executable, "-m", "cache_qualify.sim.aot", "--nice", "0"], stdin=subprocess.DEVNULL,
-                           stdout=log, stderr=log, check=False, timeout=600)
-        except subprocess.TimeoutExpired:
-            pass   # killed: the suite runs on the jitted kernels, only slower (the log says how far it got)
+    global _KERNEL_BUILD
+    # the build holds this lock till it exits (an inherited descriptor): whoever runs the tests
+    # waits on it, whether or not it saw the build start
+    with open(aot.FOLDER / _BUILDING, "a") as building, \
+            open(aot.FOLDER / "rowcache_kernels.log", "ab") as log:   # where a rank's build logs too
+        fcntl.flock(building, fcntl.LOCK_EX)
+        _KERNEL_BUILD = subprocess.Popen([sys.executable, "-m", "cache_qualify.sim.aot", "--nice", "0"],
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                         pass_fds=(building.fileno(),), start_new_session=True)
+
+
+_BUILDING = "rowcache_kernels.session"   # beside the kernels; locked while this session builds them
+_BUILD_WAIT_S = 600.0
+_KERNEL_BUILD: subprocess.Popen[bytes] | None = None
+
+
+def pytest_runtestloop(session: pytest.Session) -> None:
+    """Before the first test of this process (a worker, or the one process), wait for the session's
+    kernel build. One that outlasts its ten minutes is left: the session goes on with the jitted
+    kernels, only slower (the log says how far the build got), and ends it when it finishes. xdist's
+    controller runs no test and does not wait."""
+    if session.config.pluginmanager.has_plugin("dsession"):
+        return
+    from cache_qualify.sim import aot
+
+    path = aot.FOLDER / _BUILDING
+    if not path.exists():
+        return
+    deadline = time.monotonic() + _BUILD_WAIT_S
+    with open(path) as building:
+        while True:
+            try:
+                fcntl.flock(building, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.1)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A kernel build still running when the session ends is stopped with it (its own session:
+    the compiling processes it started go too)."""
+    if _KERNEL_BUILD is not None and _KERNEL_BUILD.poll() is None:
+        os.killpg(_KERNEL_BUILD.pid, signal.SIGKILL)
+        _KERNEL_BUILD.wait()
 
 
 def _write_bytecode() -> None:

@@ -294,8 +294,9 @@ def test_a_bad_answer_names_host_rank_and_cause(three_hosts: list[StubServer], r
                                                  cause: str) -> None:
     three_hosts[1].serve("/metrics", reply)
     with MetricScraper(endpoints_of(three_hosts), NAMES) as scraper:
-        with pytest.raises(MetricsUnreadable, match=r"^host 127\.0\.0\.12 rank 1: .*" + cause):
+        with pytest.raises(MetricsUnreadable, match=r"^host 127\.0\.0\.12 rank 1: .*" + cause) as raised:
             scraper.snapshot_all()
+    assert raised.value.answered   # the rank was serving: nothing to wait for before saying so
 
 
 def test_connection_refused_names_host_and_rank(three_hosts: list[StubServer]) -> None:
@@ -303,8 +304,9 @@ def test_connection_refused_names_host_and_rank(three_hosts: list[StubServer]) -
     with MetricScraper(endpoints_of(three_hosts), NAMES) as scraper:
         with pytest.raises(MetricsUnreadable,
                            match=r"^host 127\.0\.0\.13 rank 2: cannot connect to http://127\.0\.0"
-                                 r"\.13:\d+/metrics .*is the process running"):
+                                 r"\.13:\d+/metrics .*is the process running") as raised:
             scraper.snapshot_all()
+    assert not raised.value.answered   # no answer: the runner then watches for a rank that died
 
 
 def test_timeout_names_host_rank_and_timeout(three_hosts: list[StubServer]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,8 +191,18 @@ def test_prefix_reuse_makes_the_trial_invalid_and_says_why(sim: SimLab) -> None:
     assert wait_no_sim_processes(sim.port) == []
 
 
+def looks_after_the_failure(caplog: pytest.LogCaptureFixture) -> int:
+    """Status checks of the ranks between the trial's last /metrics answer and its stop: a look at
+    every rank is one check per host; waiting for a rank to be seen gone repeats them."""
+    lines = [record.getMessage() for record in caplog.records]
+    last_scrape = max(i for i, line in enumerate(lines) if "HTTP Request: GET" in line and "/metrics" in line)
+    stop = next(i for i, line in enumerate(lines) if i > last_scrape and "kill -TERM" in line)
+    return sum("echo gone" in line for line in lines[last_scrape:stop])
+
+
 @ON_THE_LAB
-def test_missing_metric_names_the_metric_and_the_host(sim: SimLab) -> None:
+def test_missing_metric_names_the_metric_and_the_host(sim: SimLab, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
     result = sim.trial("broken-metrics", 21)
     assert result.row.outcome == FAILED
     assert isinstance(result.error, MetricMissing)
@@ -199,17 +210,21 @@ def test_missing_metric_names_the_metric_and_the_host(sim: SimLab) -> None:
                                             r"'flare_replay_readiness_wait_nanoseconds_total' is missing"):
         raise result.error
     assert "gb10-c" in result.row.reason and "flare_replay_readiness_wait_nanoseconds_total" in result.row.reason
+    # the rank answered, so it was serving: every rank is looked at once, not watched for seconds
+    assert looks_after_the_failure(caplog) == len(HOSTS)
     assert wait_no_sim_processes(sim.port) == []
 
 
 @ON_THE_LAB
-def test_metrics_answering_500_fail_the_trial_naming_the_host(sim: SimLab) -> None:
+def test_metrics_answering_500_fail_the_trial_naming_the_host(sim: SimLab, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
     result = sim.trial("metrics-500", 22)
     assert result.row.outcome == FAILED
     with pytest.raises(MetricsUnreadable, match=r"^host gb10-a rank 0: GET http://127\.0\.0\.11:\d+/metrics "
                                                 r"answered HTTP 500"):
         assert result.error is not None
         raise result.error
+    assert looks_after_the_failure(caplog) == len(HOSTS)
     assert wait_no_sim_processes(sim.port) == []
 
 
