@@ -76,6 +76,7 @@ _BUILD_WAIT_S = 600.0
 _KERNEL_BUILD: subprocess.Popen[bytes] | None = None
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist's worker loop, which runs every test
 def pytest_runtestloop(session: pytest.Session) -> None:
     """Before the first test of this process (a worker, or the one process), wait for the session's
     kernel build. One that outlasts its ten minutes is left: the session goes on with the jitted
