@@ -80,9 +80,9 @@ _KERNEL_BUILD: subprocess.Popen[bytes] | None = None
 def pytest_runtestloop(session: pytest.Session) -> None:
     """Before the first test of this process (a worker, or the one process), wait for the session's
     kernel build. One that outlasts its ten minutes is left: the session goes on with the jitted
-    kernels, only slower (the log says how far the build got), and ends it when it finishes. xdist's
-    controller runs no test and does not wait."""
-    if session.config.pluginmanager.has_plugin("dsession"):
+    kernels, only slower (the log says how far the build got), and stops the build when it ends.
+    xdist's controller runs no test and does not wait."""
+    if session.config.pluginmanager.has_plugin("dsession") or session.config.option.collectonly:
         return
     from cache_qualify.sim import aot
 
