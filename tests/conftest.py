@@ -4,6 +4,8 @@ SSH: ``sshd_lab`` (one per session and xdist worker) starts real OpenSSH sshd
 instances on 127.0.0.x; ``sshd_host`` is a fresh instance per test;
 ``ssh_transport`` an SshTransport logged in to it with strict host-key checking.
 Without sshd these fixtures FAIL with an install hint: never skip.
+HTTP: ``stub_servers`` starts real stub servers (`tests.httpfixtures`) on
+127.0.0.x, stopped after the test.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +24,7 @@ import pytest
 
 from cache_qualify.lab.transport import LocalTransport, Transport
 from cache_qualify.plugin import deal_by_group, tag_xdist_groups
+from tests.httpfixtures import StubServer
 
 if TYPE_CHECKING:  # paramiko is imported only by sessions that use SSH
     from cache_qualify.lab.transport import SshTransport
@@ -181,6 +184,22 @@ def _run_in_a_temporary_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     """Every test runs in its own temporary directory, so a command it runs (through a local shell,
     say) can never leave a file in the checkout; tests that need the repository name it (REPO)."""
     monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def stub_servers() -> Iterator[Callable[..., StubServer]]:
+    """A factory of :class:`tests.httpfixtures.StubServer` s (``stub_servers("127.0.0.12")``), all
+    stopped afterwards."""
+    started: list[StubServer] = []
+
+    def start(address: str = "127.0.0.1") -> StubServer:
+        server = StubServer(address)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -6,21 +6,20 @@ reuse connections as they would against a real server. Each path answers with a
 :class:`Reply` or with a function of the :class:`Request` (for answers that
 depend on what was posted). Every request is recorded.
 
-Use the `stub_servers` fixture (import it into the test module) to start
-servers that are stopped after the test.
+The `stub_servers` fixture (tests/conftest.py) starts servers that are stopped
+after the test.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 
-import pytest
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_TEXT = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -160,18 +159,3 @@ class StubServer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
-
-
-@pytest.fixture
-def stub_servers() -> Iterator[Callable[..., StubServer]]:
-    """A factory of :class:`StubServer` s (``stub_servers("127.0.0.12")``), all stopped afterwards."""
-    started: list[StubServer] = []
-
-    def start(address: str = "127.0.0.1") -> StubServer:
-        server = StubServer(address)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()

@@ -40,9 +40,7 @@ from cache_qualify.trials.measure import (
     read_gauge,
 )
 from cache_qualify.config.metricnames import MetricNames
-from tests.httpfixtures import OPENMETRICS_TEXT, Reply, StubServer, stub_servers
-
-__all__ = ["stub_servers"]  # the fixture, imported for pytest
+from tests.httpfixtures import OPENMETRICS_TEXT, Reply, StubServer
 
 NAMES = MetricNames()
 HOSTS = ("127.0.0.11", "127.0.0.12", "127.0.0.13")

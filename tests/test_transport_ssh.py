@@ -25,7 +25,7 @@ import pytest
 from cache_qualify.errors import ConfigError, HostKeyRejected, HostUnreachable, TransportError
 from cache_qualify.lab.transport import SshOptions, SshTransport
 from cache_qualify.lab.transport.ssh import TcpRefused
-from tests.httpfixtures import Reply, StubServer, stub_servers  # noqa: F401  (a fixture)
+from tests.httpfixtures import Reply, StubServer
 from tests.sshd import (SshdInstance, SshdLab, SshdUnavailable, free_port, generate_key,
                         require_sshd)
 
