@@ -68,7 +68,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # waits on it, whether or not it saw the build start
     with open(aot.FOLDER / _BUILDING, "a") as building, \
             open(aot.FOLDER / "rowcache_kernels.log", "ab") as log:   # where a rank's build logs too
-        fcntl.flock(building, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(building, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return   # another session in this checkout is building them: its build is the one waited for
         _KERNEL_BUILD = subprocess.Popen([sys.executable, "-m", "cache_qualify.sim.aot", "--nice", "0"],
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                          pass_fds=(building.fileno(),), start_new_session=True)
