@@ -63,7 +63,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if all(path.exists() for path in aot.module_paths(aot.stamp())) or aot.failed_note() is not None:
         return
     aot.FOLDER.mkdir(parents=True, exist_ok=True)
-    global _KERNEL_BUILD
     # the build holds this lock till it exits (an inherited descriptor): whoever runs the tests
     # waits on it, whether or not it saw the build start
     with open(aot.FOLDER / _BUILDING, "a") as building, \
@@ -72,14 +71,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             fcntl.flock(building, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return   # another session in this checkout is building them: its build is the one waited for
-        _KERNEL_BUILD = subprocess.Popen([sys.executable, "-m", "cache_qualify.sim.aot", "--nice", "0"],
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         pass_fds=(building.fileno(),), start_new_session=True)
+        session.config.stash[KERNEL_BUILD] = subprocess.Popen(
+            [sys.executable, "-m", "cache_qualify.sim.aot", "--nice", "0"], stdin=subprocess.DEVNULL,
+            stdout=log, stderr=log, pass_fds=(building.fileno(),), start_new_session=True)
 
 
 _BUILDING = "rowcache_kernels.session"   # beside the kernels; locked while this session builds them
 _BUILD_WAIT_S = 600.0
-_KERNEL_BUILD: subprocess.Popen[bytes] | None = None
+KERNEL_BUILD = pytest.StashKey["subprocess.Popen[bytes]"]()   # the build this session started
 
 
 @pytest.hookimpl(tryfirst=True)   # before xdist's worker loop, which runs every test
@@ -110,9 +109,10 @@ def pytest_runtestloop(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """A kernel build still running when the session ends is stopped with it (its own session:
     the compiling processes it started go too)."""
-    if _KERNEL_BUILD is not None and _KERNEL_BUILD.poll() is None:
-        os.killpg(_KERNEL_BUILD.pid, signal.SIGKILL)
-        _KERNEL_BUILD.wait()
+    build = session.config.stash.get(KERNEL_BUILD, None)
+    if build is not None and build.poll() is None:
+        os.killpg(build.pid, signal.SIGKILL)
+        build.wait()
 
 
 def _write_bytecode() -> None:
