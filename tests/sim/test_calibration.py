@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from cache_qualify.sim.noise import PROFILES, draw_start
 from cache_qualify.trials.seeds import start_seed
 from tests.labfixtures import REPO, inventory_port, wait_no_sim_processes, write_inventory
 
+STARTS = 6   # per build in the drift test
 LOWERED = ["--sim-policy", "set4", "--host-system-share", "40"]
 
 
@@ -91,26 +93,38 @@ def test_a_bad_start_is_one_outlying_trial_with_all_its_waits_high(tmp_path: Pat
 
 @pytest.mark.slow
 def test_drift_moves_the_wait_level_between_blocks(tmp_path: Path) -> None:
-    """A drift of +-50 % over a 9 s period spreads the blocks' waits; without it (quiet) they stay level.
-    (The drift follows the wall clock. A start here takes about 1 s on a fast machine, so six starts
-    span two thirds of a period or more, which holds a max/min ratio above 1.6; a slow machine's
-    starts, 2-3 s each, step 80-120 degrees through it.)"""
-    drifting = [*LOWERED, "--sim-noise", "quiet", "--sim-drift", "0.5", "--sim-drift-period-s", "9"]
-    path = write_inventory(tmp_path, builds={
-        "set4-drifting": {"path": "fixtures/cache_qualify/sim/server.py", "flags": drifting},
-        "set4-quiet": {"path": "fixtures/cache_qualify/sim/server.py", "flags": [*LOWERED, "--sim-noise", "quiet"]}})
+    """A drift of +-50 % spreads the blocks' waits; without it (quiet) they stay level.
+
+    The drift follows the wall clock, so its period is fitted to this machine: the quiet build's six
+    starts are timed first, and the period is set so that six drifting starts of the same pace
+    step 86 degrees through it (five steps, 1.2 periods). Then the first requests' waits sample
+    the sine all round whatever its phase (max/min at least 2.1 in theory), and still span it at
+    steps of 52 to 120 degrees when the drifting starts run 40 % faster or slower than the quiet
+    ones (at least 1.9). A fixed period either fits a fast machine or a slow one: at 9 s, starts
+    quicker than 1 s spanned too little of it, and the ratio fell below 1.4 on a quiet CI run."""
+    quiet = [*LOWERED, "--sim-noise", "quiet"]
     scenario = load_scenario(short_scenario(tmp_path, requests=("A", "A-third-read")))
-    level = {}
-    for build in ("set4-quiet", "set4-drifting"):
-        report = measure(load_inventory(path), build=build, scenario=scenario, starts=6, seed=5)
+
+    def first_and_third(build: str, flags: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        path = write_inventory(tmp_path, builds={build: {"path": "fixtures/cache_qualify/sim/server.py",
+                                                         "flags": flags}})
+        report = measure(load_inventory(path), build=build, scenario=scenario, starts=STARTS, seed=5)
+        assert wait_no_sim_processes(inventory_port(path)) == []
         first, third = (np.array(report.spread(r, "readiness_wait_ns").values) for r in ("A", "A-third-read"))
-        level[build] = first.max() / first.min()
-        if build == "set4-drifting":
-            # a start's requests share its level: the third read moves with the first
-            assert np.corrcoef(first, third)[0, 1] > 0.8
+        return first, third
+
+    began = time.monotonic()
+    first, _ = first_and_third("set4-quiet", quiet)
+    start_s = (time.monotonic() - began) / STARTS
+    period_s = (STARTS - 1) * start_s / 1.2
+    level = {"set4-quiet": first.max() / first.min()}
+    first, third = first_and_third("set4-drifting", [*quiet, "--sim-drift", "0.5", "--sim-drift-period-s",
+                                                      f"{period_s:.3f}"])
+    level["set4-drifting"] = first.max() / first.min()
+    # a start's requests share its level: the third read moves with the first
+    assert np.corrcoef(first, third)[0, 1] > 0.8, (first, third)
     assert level["set4-quiet"] < 1.1, level
-    assert level["set4-drifting"] > 1.4, level
-    assert wait_no_sim_processes(inventory_port(path)) == []
+    assert level["set4-drifting"] > 1.4, (level, f"period {period_s:.2f} s for starts of {start_s:.2f} s")
 
 
 def test_noise_command_refuses_a_real_lab(capsys: pytest.CaptureFixture[str]) -> None:
