@@ -21,9 +21,8 @@ from cache_qualify.config import yamlsource
 from cache_qualify.config.metricnames import MetricNames
 from cache_qualify.config.scenario import SCENARIO_DIR
 from cache_qualify.config.yamlsource import load_yaml
-from tests.labfixtures import edited, write_file
+from tests.labfixtures import REPO, edited, write_file
 
-ROOT = Path(__file__).resolve().parent.parent
 
 # A small valid inventory; each malformed case edits one piece of its text, so
 # the expected line numbers are those of this text.
@@ -178,7 +177,7 @@ def test_yaml_syntax_error_names_its_line(tmp_path: Path) -> None:
     assert info.value.line == 10
 
 
-@pytest.mark.parametrize("path", [ROOT / "hosts.yaml", ROOT / "examples" / "gb10-lab.yaml",
+@pytest.mark.parametrize("path", [REPO / "hosts.yaml", REPO / "examples" / "gb10-lab.yaml",
                                   *sorted(SCENARIO_DIR.glob("*.yaml"))], ids=lambda p: p.name)
 def test_libyaml_and_the_pure_python_parser_read_the_same_data_and_lines(path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
@@ -336,7 +335,7 @@ SIM_BUILDS = {"set4", "two_choice", "set8", "set16", "lru4", "set4-fat-cache", "
 
 
 def test_committed_hosts_yaml_is_the_simulated_lab() -> None:
-    inventory = load_inventory(ROOT / "hosts.yaml")
+    inventory = load_inventory(REPO / "hosts.yaml")
     assert inventory.lab == "simulated-gb10"
     (group,) = inventory.groups_resolved()
     assert [(h.name, h.address, h.rank, h.transport) for h in group.hosts] == [
@@ -352,7 +351,7 @@ def test_committed_hosts_yaml_is_the_simulated_lab() -> None:
     assert fat[fat.index("--sim-extra-cache-share") + 1] == "0.25"
     assert inventory.server.kv_pages.metric == "flare_kv_cache_pages"
     # the command runs the emulated server from this checkout
-    assert inventory.host_path(inventory.server.workdir or ".", group.rank0) == str(ROOT)
+    assert inventory.host_path(inventory.server.workdir or ".", group.rank0) == str(REPO)
     assert Path(inventory.host_path(inventory.build("set4").path, group.rank0)).is_file()
 
 
@@ -361,7 +360,7 @@ def test_committed_builds_are_accepted_by_the_emulated_server() -> None:
     from cache_qualify.config.scenario import available_scenarios, find_scenario, load_scenario
     from cache_qualify.sim.server import parse_args
 
-    inventory = load_inventory(ROOT / "hosts.yaml")
+    inventory = load_inventory(REPO / "hosts.yaml")
     (group,) = inventory.groups_resolved()
     for scenario_name in available_scenarios():
         scenario = load_scenario(find_scenario(scenario_name))
@@ -379,14 +378,14 @@ def test_committed_builds_are_accepted_by_the_emulated_server() -> None:
 
 
 def test_committed_drop_caches_runs_unprivileged() -> None:
-    inventory = load_inventory(ROOT / "hosts.yaml")
+    inventory = load_inventory(REPO / "hosts.yaml")
     result = subprocess.run(["/bin/sh", "-c", inventory.server.drop_caches], capture_output=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr
 
 
 def test_example_gb10_lab_loads() -> None:
-    inventory = load_inventory(ROOT / "examples" / "gb10-lab.yaml")
+    inventory = load_inventory(REPO / "examples" / "gb10-lab.yaml")
     assert {h.transport for h in inventory.hosts} == {"ssh"}
     assert inventory.ssh.jump is not None and inventory.ssh.host_key_policy == "strict"
     assert inventory.server.kv_pages.log_regex is not None
@@ -400,8 +399,8 @@ def test_example_gb10_lab_loads() -> None:
 
 
 def test_example_and_readme_describe_the_http_route() -> None:
-    example = (ROOT / "examples" / "gb10-lab.yaml").read_text(encoding="utf-8")
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    example = (REPO / "examples" / "gb10-lab.yaml").read_text(encoding="utf-8")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Pointing the suite at a real lab", 1)[1].split("\n## ", 1)[0]
     for text in (example, section):
         for words in ("listen_address", "http_route", "forwarded over", "direct", "AllowTcpForwarding"
@@ -419,8 +418,8 @@ def test_example_and_readme_describe_the_http_route() -> None:
 def test_committed_schema_is_current(kind: str, file: str) -> None:
     args = ["schema"] + (["--scenario"] if kind == "scenario" else [])
     printed = subprocess.run([sys.executable, "-m", "cache_qualify.cli", *args], capture_output=True, text=True,
-                             timeout=60, check=True, cwd=ROOT).stdout
-    committed = json.loads((ROOT / "fixtures" / "cache_qualify" / "config" / "schema" / file).read_text(encoding="utf-8"))
+                             timeout=60, check=True, cwd=REPO).stdout
+    committed = json.loads((REPO / "fixtures" / "cache_qualify" / "config" / "schema" / file).read_text(encoding="utf-8"))
     assert json.loads(printed) == committed == json_schema(kind)  # type: ignore[arg-type]
 
 
@@ -433,7 +432,7 @@ def test_schema_command_writes_a_file(tmp_path: Path) -> None:
 
 def test_schema_accepts_committed_and_rejects_unknown_keys() -> None:
     schema = json_schema("inventory")
-    for path in (ROOT / "hosts.yaml", ROOT / "examples" / "gb10-lab.yaml"):
+    for path in (REPO / "hosts.yaml", REPO / "examples" / "gb10-lab.yaml"):
         jsonschema.validate(yaml.safe_load(path.read_text(encoding="utf-8")), schema)
     data = yaml.safe_load(BASE)
     data["hosts"][0]["adress"] = "x"
@@ -532,6 +531,6 @@ def test_a_missing_named_ssh_config_is_one_line_at_load(tmp_path: Path) -> None:
         load_inventory(path)
     run = subprocess.run([sys.executable, "-m", "pytest", "qualify", "--hosts", str(path), "-p", "no:cacheprovider",
                           "-q", "--preflight-only", "--reports-dir", str(tmp_path / "reports")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode == 4, run.stdout + run.stderr
     assert (run.stdout + run.stderr).count(f"the ssh config file {missing} does not exist") == 1, run.stdout + run.stderr

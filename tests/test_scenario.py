@@ -8,9 +8,8 @@ import pytest
 
 from cache_qualify.errors import ScenarioError
 from cache_qualify.config.scenario import (METRIC_DIRECTION, available_scenarios, find_scenario, load_scenario)
-from tests.labfixtures import edited, write_file
+from tests.labfixtures import REPO, edited, write_file
 
-ROOT = Path(__file__).resolve().parent.parent
 
 # Lines: 1 name, 2 description, 3 corpus, 4 default, 5 server_flags, 6 requests, 7 A, 8 A2,
 # 9 B, 10 trials, 11 expectations, 12 gain on A2, 13 no_regression on A, 14 kv_pages.
@@ -142,7 +141,7 @@ def test_tensor_parallel_must_match_the_group(tmp_path: Path) -> None:
 
 
 def test_find_scenario() -> None:
-    assert find_scenario("reread-1g") == ROOT / "fixtures" / "cache_qualify" / "config" / "scenarios" / "reread-1g.yaml"
+    assert find_scenario("reread-1g") == REPO / "fixtures" / "cache_qualify" / "config" / "scenarios" / "reread-1g.yaml"
     with pytest.raises(ScenarioError, match=r"--scenario: unknown scenario 'reread-2g'; available: "
                        r"long-prompt, reread-1g, reread-4g"):
         find_scenario("reread-2g")
