@@ -7,13 +7,14 @@ import math
 
 import numpy as np
 import pytest
-from scipy import stats
+from scipy import optimize, stats
 
 from cache_qualify.errors import PlanError
-from cache_qualify.stats.manytoone import (CANNOT_PASS, MORE_TRIALS, Standing, Tournament, lab_time, level_for, ranked, recommended,
-                                           screening_level, tournament_starts)
-from cache_qualify.stats.sequential import plan_looks
-from cache_qualify.stats.validation import SHAPES, binomial_bound
+from cache_qualify.stats.manytoone import (CANNOT_PASS, MORE_TRIALS, Standing, Tournament, boundary_for, lab_time,
+                                           ranked, recommended, screening_level, tournament_starts)
+from cache_qualify.stats.sequential import DEFAULT_BOUNDARY, plan_looks
+from cache_qualify.stats.simulate import SHAPES
+from cache_qualify.stats.validation import binomial_bound
 from cache_qualify.stats.verdict import Verdict, carry, evaluate
 from tests import tournament_sim as sim
 
@@ -24,25 +25,60 @@ KV_PAGES = SHAPES["reread-1g"][5]
 GAIN = HIT_RATE.assertion(0.0)
 
 
-@pytest.mark.parametrize("candidates", [2, 3, 4])
-@pytest.mark.parametrize("alpha", [0.01, 0.05])
-def test_screening_level_is_dunnetts(alpha: float, candidates: int) -> None:
-    level = screening_level(alpha, candidates)
-    assert alpha / candidates < level < alpha  # less strict than Bonferroni, stricter than none
-    c = stats.norm.isf(level)
+NULL_RUNS = 200_000
+
+
+def _any_null_passes(level: float, trials: int, candidates: int, seed: int) -> int:
+    """Null runs (every candidate equal to the baseline, normal noise) in which any candidate's paired t
+    test of its block differences with the shared baseline passes at `level`."""
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((NULL_RUNS, 1, trials))
+    d = rng.standard_normal((NULL_RUNS, candidates, trials)) - base
+    t = d.mean(axis=2) / (d.std(axis=2, ddof=1) / math.sqrt(trials))
+    return int((stats.t.sf(t, trials - 1) < level).any(axis=1).sum())
+
+
+def _z_dunnett(alpha: float, candidates: int) -> float:
+    """Dunnett's level for z statistics (correlation 0.5), as screening used before the t-scale level."""
     cov = np.full((candidates, candidates), 0.5) + 0.5 * np.eye(candidates)
-    exceeds = 1 - stats.multivariate_normal(np.zeros(candidates), cov).cdf(np.full(candidates, c), rng=1)
-    assert exceeds == pytest.approx(alpha, rel=0.01)
+    law = stats.multivariate_normal(np.zeros(candidates), cov)
+    c = optimize.brentq(lambda x: law.cdf(np.full(candidates, x), rng=np.random.default_rng(1)) - (1 - alpha),
+                        1.0, 5.0, xtol=1e-6)
+    return float(stats.norm.sf(c))
 
 
-def test_levels_by_mode() -> None:
-    assert level_for("gate", 0.01, 4) == 0.01
-    assert level_for("screening", 0.01, 1) == 0.01
-    assert level_for("screening", 0.01, 3) == screening_level(0.01, 3)
-    with pytest.raises(PlanError, match="mode"):
-        level_for("best-of", 0.01, 3)  # type: ignore[arg-type]
-    with pytest.raises(PlanError, match="alpha"):
-        screening_level(1.5, 3)
+@pytest.mark.parametrize("trials", [3, 5, 10])
+@pytest.mark.parametrize("alpha", [0.01, 0.05])
+def test_screening_holds_the_family_wise_rate_at_alpha_on_the_t_scale(alpha: float, trials: int) -> None:
+    """Three null candidates sharing one baseline: the chance that any passes its paired t test at the
+    screening level is alpha (200,000 independent runs: within the 99.9 % binomial bounds either side),
+    and less strict than Bonferroni's alpha / 3."""
+    level = screening_level(alpha, 3, units=trials)
+    assert alpha / 3 < level < alpha
+    passes = _any_null_passes(level, trials, 3, seed=trials)
+    assert stats.binom.ppf(0.001, NULL_RUNS, alpha) <= passes <= stats.binom.ppf(0.999, NULL_RUNS, alpha), \
+        passes / NULL_RUNS
+
+
+def test_dunnetts_z_scale_level_passes_too_many_null_candidates_of_t_tests() -> None:
+    """Why the level is on the t scale: Dunnett's z-scale level, applied to the candidates' own t tests,
+    passes more than alpha of null families (the audit: 5.2-5.4 % at 0.05 with 4 to 10 trials)."""
+    z_level = _z_dunnett(0.05, 3)
+    assert z_level > screening_level(0.05, 3, units=5)
+    assert _any_null_passes(z_level, 5, 3, seed=99) > stats.binom.ppf(0.999, NULL_RUNS, 0.05)
+
+
+def test_boundaries_by_mode() -> None:
+    assert boundary_for("gate", 4) == DEFAULT_BOUNDARY
+    assert boundary_for("screening", 3).comparisons == 3
+    assert screening_level(0.01, 1, units=5) == 0.01
+    with pytest.raises(PlanError, match="the tournament mode must be one of gate, screening, got 'best-of'"):
+        boundary_for("best-of", 3)  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match=r"`alpha` must be between 0 and 1, got 1.5"):
+        screening_level(1.5, 3, units=5)
+    with pytest.raises(PlanError, match=r"`comparisons` \(candidates sharing the baseline\) must be a whole "
+                                        r"number >= 1, got 0"):
+        boundary_for("screening", 3).__class__(comparisons=0)
 
 
 def _alone(draws: dict[str, tuple[np.ndarray, np.ndarray]], looks: tuple[int, ...]) -> list[Verdict]:
@@ -138,21 +174,21 @@ def test_aa_false_pass_per_candidate_within_its_bound(mode: str) -> None:
     one = sim.hit_rate_gain()
     s = sim.simulate(one, sim.null_effects(one), sim.FIXED, runs=RUNS, alpha=ALPHA, mode=mode,  # type: ignore[arg-type]
                      seed=21)
-    bound = binomial_bound(RUNS, ALPHA)
+    bound = binomial_bound(RUNS, ALPHA, 0.999)   # the candidates share a baseline: their counts move together
     assert all(n <= bound for n in s.passes.values()), (s.passes, bound)
     assert sum(s.passes.values()) > 0  # the hardest case (one gain, no minimum effect) does pass at times
 
 
-@pytest.mark.parametrize("noise", ["normal", "heavy-tailed"])
-def test_screening_false_recommendation_within_its_bound(noise: str) -> None:
-    """Ten trials per build: with five, the per-candidate test itself rejects about 1.2 x its level
-    (docs/statistics.md), which no choice of level among candidates can repair."""
+@pytest.mark.parametrize(("noise", "trials"), [("normal", 5), ("normal", 10), ("heavy-tailed", 10)])
+def test_screening_false_recommendation_within_its_bound(noise: str, trials: int) -> None:
+    """The gate's own Tournament, three null candidates: screening holds the family within its bound, a gate
+    of each does not."""
     one = sim.hit_rate_gain()
-    screening = sim.simulate(one, sim.null_effects(one), (10,), runs=RUNS, alpha=ALPHA, mode="screening",
+    screening = sim.simulate(one, sim.null_effects(one), (trials,), runs=RUNS, alpha=ALPHA, mode="screening",
                              seed=31, noise=noise)
-    gate = sim.simulate(one, sim.null_effects(one), (10,), runs=RUNS, alpha=ALPHA, mode="gate", seed=31,
+    gate = sim.simulate(one, sim.null_effects(one), (trials,), runs=RUNS, alpha=ALPHA, mode="gate", seed=31,
                         noise=noise)
-    assert screening.any_pass <= binomial_bound(RUNS, ALPHA) < gate.any_pass  # the control is what holds it
+    assert screening.any_pass <= binomial_bound(RUNS, ALPHA, 0.999) < gate.any_pass  # the control holds it
 
 
 def test_screening_false_recommendation_sequential() -> None:
