@@ -13,7 +13,8 @@ from scipy import stats
 
 from cache_qualify.errors import PlanError
 from cache_qualify.stats.power import SD_CONFIDENCE, sd_upper
-from cache_qualify.stats.verdict import (Assertion, Trials, VerdictWarning, _holm, check_plan, evaluate, power_of,
+from cache_qualify.stats.levels import holm as _holm
+from cache_qualify.stats.verdict import (Assertion, Trials, VerdictWarning, check_plan, evaluate, power_of,
                                          trials_for_power)
 
 ALPHA = 0.05
@@ -29,7 +30,8 @@ def _normal(mean: float, sd: float, n: int, seed: int) -> np.ndarray:
 def test_assertion_id_and_validation() -> None:
     assert HIT.id == "hit_rate-gain[B-new-start]"
     assert KV.id == "kv_pages-no_regression[startup]"
-    with pytest.raises(PlanError, match=r"hit_rate-loss\[A\]: `kind` must be 'gain' or 'no_regression', got 'loss'"):
+    with pytest.raises(PlanError, match=r"hit_rate-loss\[A\]: `kind` must be one of 'gain', 'no_regression', "
+                                         r"'no_excess', got 'loss'"):
         Assertion("hit_rate", "A", "loss", True)  # type: ignore[arg-type]
     with pytest.raises(PlanError, match=r"`min_effect` and `margin` must be >= 0, got -0.1 and 0.0"):
         Assertion("hit_rate", "A", "gain", True, min_effect=-0.1)
@@ -79,9 +81,9 @@ def test_the_report_s_gain_passes_with_a_reason_and_json_figures() -> None:
     base, cand = _normal(0.86, 0.001, 5, 9), _normal(0.99, 0.001, 5, 10)
     [v] = evaluate([HIT], {HIT.id: (base, cand)}, alpha=ALPHA, method="permutation")
     assert v.outcome == "pass" and v.trials_needed is None
-    assert re.match(r"Pass: the improvement is above the minimum effect 0 \(one-sided p 0\.00397 < 0\.05; "
-                    r"lower bound 0\.1\d+ > 0\)", v.reason)
-    assert "unpaired permutation one-sided p" in v.reason and "5 and 5 trials" in v.reason
+    assert re.match(r"Pass: a gain of more than the minimum effect 0 is shown: candidate - baseline is above \+0 "
+                    r"\(one-sided p 0\.00397 < 0\.05; the interval's lower end \+0\.1\d+ > \+0\)", v.reason)
+    assert "permutation test of the mean difference, one-sided p" in v.reason and "5 and 5 trials" in v.reason
     assert v.ci.low > 0 and v.ci.low < v.difference < v.ci.high  # the inverted permutation test's interval
     figures = json.loads(json.dumps(v.as_dict(), allow_nan=False))
     assert figures["id"] == HIT.id and figures["baseline"] == list(base)
@@ -102,14 +104,15 @@ def test_a_worse_candidate_fails_saying_it_was_not_better() -> None:
     [v] = evaluate([third_read], {third_read.id: (_normal(0.864, 0.001, 5, 12), _normal(0.696, 0.001, 5, 13))},
                    alpha=ALPHA)
     assert v.outcome == "fail"
-    assert v.reason.startswith("Fail: the improvement is shown below the minimum effect 0 (upper bound -0.1")
+    assert v.reason.startswith("Fail: the gain is shown below the minimum effect 0: candidate - baseline is below +0 "
+                               "(the interval's upper end -0.1")
 
 
 def test_a_gain_that_cannot_reach_the_minimum_effect_fails() -> None:
     needy = Assertion("hit_rate", "B-new-start", "gain", True, min_effect=0.05)
     [v] = evaluate([needy], {needy.id: (_normal(0.86, 0.001, 5, 14), _normal(0.87, 0.001, 5, 15))}, alpha=ALPHA)
     assert v.outcome == "fail"
-    assert "the improvement is shown below the minimum effect 0.05" in v.reason
+    assert "the gain is shown below the minimum effect 0.05" in v.reason
 
 
 def test_an_underpowered_gain_is_inconclusive_naming_the_trials_for_1_5_x_min_effect_at_the_sd_bound() -> None:
@@ -163,13 +166,19 @@ def test_trials_for_power_reaches_the_power() -> None:
     assert trials_for_power(-0.1, 0.001, alpha=ALPHA) is None
 
 
-def test_zero_variance_is_decided_by_the_values_with_a_warning() -> None:
+def test_no_spread_is_taken_as_the_values_resolution_with_a_warning() -> None:
+    """KV pages the same on every start are recorded in whole pages: their spread is taken as one page, so
+    the same count in both builds is far inside a 2 % margin (826 pages); equal hit rates show no gain."""
     same = [41_300.0] * 4
-    with pytest.warns(VerdictWarning, match=r"zero variance"):
+    with pytest.warns(VerdictWarning, match=r"every start of the baseline gave the same value and every start "
+                                            r"of the candidate gave the same value: a spread below the values' "
+                                            r"resolution \(1, the step they are recorded in\)"):
         verdicts = evaluate([KV, HIT], {KV.id: (same, same), HIT.id: ([0.9] * 4, [0.9] * 4)}, alpha=ALPHA)
     kv, hit = verdicts
-    assert kv.outcome == "pass" and "the values decide without a test" in kv.reason
+    assert kv.outcome == "pass" and kv.noise_sd == 1.0
     assert hit.outcome == "fail" and "no minimum effect to size more trials for" in hit.reason
+    assert "resolution (0.1, the step they are recorded in) is not measured, so the test takes their sd as 0.1" \
+        in hit.reason
 
 
 def test_one_trial_or_nan_is_inconclusive_and_explained() -> None:
@@ -342,9 +351,9 @@ def test_a_bad_baseline_start_is_flagged_set_aside_and_reported() -> None:
     verdicts = evaluate(waits, samples, alpha=ALPHA)
     for v in verdicts:
         [flag] = v.flagged
-        assert (flag.arm, flag.start, flag.block, flag.excluded) == ("baseline", 3, 3, True)
-        assert len(v.baseline) == 7 and len(v.candidate) == 7   # its block is set aside
-        assert "Flagged start: baseline trial 3 (block 3): readiness_wait_ns studentized distance" in v.reason
+        assert (flag.arm, flag.start, flag.block, flag.excluded, flag.worse) == ("baseline", 3, 3, True, True)
+        assert len(v.baseline) == 8 and "7 blocks" in v.reason   # every start recorded; its block set aside
+        assert "Flagged start: baseline trial 4 (block 4): readiness_wait_ns studentized distance" in v.reason
         assert v.as_dict()["flagged_starts"][0]["trial"] == 3  # type: ignore[index]
         assert v.outcome != "pass"
 
@@ -396,3 +405,57 @@ def test_a_sequential_run_s_looks_share_the_false_flag_rate() -> None:
         low, high = (low, mid) if flagged(mid, sequential=False) else (mid, high)
     assert flagged(high, sequential=False) and not flagged(high, sequential=True)
     assert flagged(2 * 2.1e9, sequential=True)
+
+
+# --- degenerate data: the values' resolution floors the spread --------------------------------------
+
+def test_constant_block_differences_of_rounded_values_do_not_pass_from_a_few_blocks() -> None:
+    """Hit rates recorded to whole per cent, each build varying, every block one step apart: the spread of
+    the differences is zero, below the resolution (0.01); taken as 0.01 it gives p 0.07 on four blocks
+    (a zero spread gave p = 0 and a pass from two), and the reason says what happened."""
+    gain = Assertion("hit_rate", "B-new-start", "gain", True, unit="fraction")
+    base = np.array([0.86, 0.85, 0.86, 0.87])
+    with pytest.warns(VerdictWarning, match=r"the builds varied from start to start, but the block differences "
+                                            r"were all equal: a spread below the values' resolution \(0.01"):
+        [v] = evaluate([gain], {gain.id: (_blocked(base), _blocked(base + 0.01))}, alpha=0.05)
+    assert v.outcome != "pass" and v.noise_sd == pytest.approx(0.01)
+    assert v.p_value == pytest.approx(stats.t.sf(0.01 / (0.01 / 2), 3))
+    long = np.resize(base, 12)
+    [w] = evaluate([gain], {gain.id: (_blocked(long), _blocked(long + 0.01))}, alpha=0.05)
+    assert w.outcome == "pass"   # twelve blocks one step apart are evidence
+
+
+def test_a_spread_just_above_zero_from_rounding_is_the_resolution_too() -> None:
+    """Differences equal in exact arithmetic come out of floating point a few units apart (0.802 - 0.8 is
+    0.0020000000000000018, 0.813 - 0.811 is 0.0019999999999998908): the spread is still below the
+    resolution, not a near-certainty."""
+    gain = Assertion("hit_rate", "B-new-start", "gain", True, unit="fraction")
+    base, cand = np.array([0.8, 0.811, 0.8]), np.array([0.802, 0.813, 0.802])
+    assert np.ptp(cand - base) > 0
+    [v] = evaluate([gain], {gain.id: (_blocked(base), _blocked(cand))}, alpha=0.01)
+    assert v.noise_sd == pytest.approx(0.001) and v.outcome != "pass"
+    assert v.p_value == pytest.approx(stats.t.sf(0.002 / (0.001 / np.sqrt(3)), 2))
+    assert "The builds varied from start to start, but the block differences were all equal" in v.reason
+
+
+def test_continuous_values_are_not_floored() -> None:
+    rng = np.random.default_rng(51)
+    base, cand = rng.normal(0.86, 1e-9, 3), rng.normal(0.86, 1e-9, 3)
+    [v] = evaluate([HIT], {HIT.id: (_blocked(base), _blocked(cand))}, alpha=0.05)
+    assert v.noise_sd == pytest.approx(np.std(cand - base, ddof=1)) and "resolution" not in v.reason
+
+
+# --- every figure in its own direction and unit ---------------------------------------------------
+
+def test_a_lower_is_better_reason_reads_candidate_minus_baseline_in_seconds() -> None:
+    """The reason prints the difference, its interval and the null boundary on one scale, candidate -
+    baseline in seconds, and names the end of the interval the rule reads (the upper, for a wait)."""
+    wait = Assertion("readiness_wait_ns", "B-new-start", "gain", False, min_effect=2e8, unit="ns")
+    rng = np.random.default_rng(52)
+    base, cand = rng.normal(1.92775e9, 5e7, 6), rng.normal(1.25e9, 5e7, 6)
+    [v] = evaluate([wait], {wait.id: (_blocked(base), _blocked(cand))}, alpha=0.01)
+    assert v.outcome == "pass" and v.boundary == -2e8 and v.ci.high < v.boundary
+    assert re.search(r"^Pass: a gain of more than the minimum effect 0.2 s is shown: candidate - baseline is below "
+                     r"-0.2 s \(one-sided p \S+ < 0.01; the interval's upper end -0\.\d+ s < -0.2 s\)\. ", v.reason)
+    assert f"baseline {base.mean() * 1e-9:.4g} s, candidate {cand.mean() * 1e-9:.4g} s" in v.reason
+    assert "paired t test of the block differences" in v.reason and "e+0" not in v.reason
