@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from cache_qualify.cli import main
-from cache_qualify.stats.planning import planned_trials, sequential_maximum
+from cache_qualify.stats.planning import per_gain_power, planned_trials, sequential_design
 from cache_qualify.stats.power import SD_CONFIDENCE, sd_upper
 from cache_qualify.stats.verdict import power_of
 
@@ -47,8 +47,10 @@ def test_plan_from_a_min_effect_runs_as_a_console_script_and_sizes_the_rule_as_i
     sd_d = math.sqrt(2) * 0.001
     assert power_of(0.001, sd_d, n, alpha=0.05, paired=True) >= 0.9 > power_of(0.001, sd_d, n - 1, alpha=0.05,
                                                                                  paired=True)
-    # the sequential maximum is a tenth above the fixed design (equal power; fewer trials on average)
-    assert row["max_trials_sequential"] == sequential_maximum(n) == math.ceil(round(1.1 * n, 9))
+    # the sequential design: first look at 0.7 x fixed, maximum a tenth above it (tests/test_sequential.py
+    # checks its power and mean trials against the fixed design's)
+    assert (row["first_look_sequential"], row["max_trials_sequential"]) == sequential_design(n) == \
+        (round(0.7 * n), math.ceil(round(1.1 * n, 9)))
 
 
 def test_a_predicted_effect_below_min_effect_or_a_worse_candidate_is_not_sized_as_a_gain(
@@ -68,7 +70,22 @@ def test_plan_from_a_pilot_uses_the_combined_rows_both_builds_and_the_sd_bound(
     expected = planned_trials(effect, sd_upper(sd, 10.0), alpha=0.05, gains=2)
     assert "all 2 gain(s) pass (each at 94.9%)" in out and f"{SD_CONFIDENCE:.0%} upper confidence limit" in out
     assert f"| hit_rate | B-new-start | gain | {100 * values['set4'].mean():.4g} % |" in out
-    assert expected is not None and f"| {expected} | {sequential_maximum(expected)} |" in out
+    assert expected is not None and f"| {expected} | {', '.join(map(str, sequential_design(expected)))} |" in out
+
+
+def test_gains_that_move_together_need_less_power_each_and_apart_more() -> None:
+    """All of k gains pass with power 0.9: each at 0.9^(1/k) when independent, at 0.9 when they always
+    agree; the simulated lab's two waits (correlation 0.9) need about what one gain does."""
+    assert per_gain_power(0.9, 4) == pytest.approx(0.9 ** 0.25)
+    together = np.full((2, 2), 0.9) + 0.1 * np.eye(2)
+    apart = np.array([[1.0, -0.5], [-0.5, 1.0]])
+    assert 0.9 < per_gain_power(0.9, 2, together) < 0.9 ** 0.5 < per_gain_power(0.9, 2, apart)
+    rng = np.random.default_rng(3)
+    z = rng.multivariate_normal(np.zeros(2), together, 200_000)
+    c = float(np.quantile(z[:, 0], per_gain_power(0.9, 2, together)))
+    assert np.mean((z < c).all(axis=1)) == pytest.approx(0.9, abs=0.003)
+    assert planned_trials(1.0, 1.0, alpha=0.01, gains=2, correlation=together) < \
+        planned_trials(1.0, 1.0, alpha=0.01, gains=2)  # type: ignore[operator]
 
 
 def test_plan_with_one_build_takes_the_predicted_effect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -131,8 +148,8 @@ def test_plan_sizes_a_tournament_from_the_emulator(capsys: pytest.CaptureFixture
                  "--alpha", "0.01", "--family-size", "4"]) == 0
     out = capsys.readouterr().out
     assert "## Candidate set8 (vs set4)" in out and "## Candidate two_choice (vs set4)" in out
-    assert "| set4 (baseline, shared) | 2 |\n| set8 | 2 |\n| two_choice | 2 |" in out
-    assert "6 server starts in one run against 8 in one two-arm run per candidate (25% fewer)." in out
+    assert "| set4 (baseline, shared) | 3 |\n| set8 | 3 |\n| two_choice | 2 |" in out
+    assert "8 server starts in one run against 10 in one two-arm run per candidate (20% fewer)." in out
 
 
 def test_plan_emulate_needs_two_policies(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,7 +13,8 @@ from cache_qualify.errors import PlanError
 from cache_qualify.stats import sequential
 from cache_qualify.stats.sequential import (DEFAULT_BOUNDARY, Boundary, fractions_of, nominal_alpha, plan_looks,
                                            units_per_look)
-from cache_qualify.stats.planning import PLANNED_FIRST_LOOK, planned_trials, sequential_maximum
+from cache_qualify.stats.planning import planned_trials, sequential_design
+from cache_qualify.stats.simulate import SHAPES, correlation
 from cache_qualify.stats.validation import binomial_bound
 from cache_qualify.stats.verdict import Assertion, Trials, Verdict, carry, decided, evaluate
 
@@ -231,19 +232,25 @@ def test_more_trials_decide_what_the_fixed_design_left_inconclusive() -> None:
 
 # --- the design `plan` prints against the fixed design, vectorized (normal noise, paired t) -------
 
-DESIGN_RUNS = 10_000
+DESIGN_RUNS = 20_000
+GAIN_SHAPES = {1: "single-gain", 2: "two-gain", 4: "reread-1g"}
+
+
+def _gain_correlation(gains: int) -> np.ndarray:
+    items = SHAPES[GAIN_SHAPES[gains]]
+    keep = [k for k, item in enumerate(items) if item.kind == "gain"]
+    return correlation(items)[np.ix_(keep, keep)]
 
 
 def _runs_to_decide(effect_sd: float, looks: tuple[int, ...], levels: tuple[float, ...], gains: int,
                     seed: int) -> tuple[float, float]:
     """(power, mean trials per build) of `gains` gains of `effect_sd` (per-trial SDs) that must all pass,
-    each carried once passed, the run stopping when all have (the gate's rule). The two readiness-wait
-    gains of reread-1g share a start factor (correlation 0.7 of their block differences)."""
+    each carried once passed, the run stopping when all have (the gate's rule); the block differences
+    correlated as the simulated lab's gains are (its two waits, a request's hit rate and wait)."""
     rng = np.random.default_rng(seed)
     n = np.asarray(looks, float)
-    z = rng.standard_normal((DESIGN_RUNS, gains, looks[-1]))
-    if gains == 4:
-        z[:, 3] = math.sqrt(0.7) * z[:, 2] + math.sqrt(0.3) * z[:, 3]
+    chol = np.linalg.cholesky(_gain_correlation(gains))
+    z = np.einsum("ij,rjt->rit", chol, rng.standard_normal((DESIGN_RUNS, gains, looks[-1])))
     diffs = math.sqrt(2) * z + effect_sd
     at = np.asarray(looks) - 1
     sums, squares = np.cumsum(diffs, axis=2)[..., at], np.cumsum(diffs * diffs, axis=2)[..., at]
@@ -257,21 +264,19 @@ def _runs_to_decide(effect_sd: float, looks: tuple[int, ...], levels: tuple[floa
 
 
 @pytest.mark.parametrize("alpha", [0.01, 0.05])
-@pytest.mark.parametrize("gains", [1, 4])
-def test_the_planned_sequential_design_never_costs_more_than_fixed_at_equal_power(alpha: float, gains: int) -> None:
-    """For effects of 1.5 to 3 SD: the design `plan` prints (first look 3, maximum a tenth above fixed,
-    the default boundary) reaches the planned power 0.9, as the fixed design does (within simulation
-    error), with fewer mean trials; its saving at 1.5 SD is at least the 10 % docs/statistics.md quotes."""
-    tolerance = 3 * math.sqrt(0.9 * 0.1 / DESIGN_RUNS) + 0.01
+@pytest.mark.parametrize("gains", [1, 2, 4])
+def test_the_planned_sequential_design_never_costs_more_than_the_fixed_design(alpha: float, gains: int) -> None:
+    """For effects of 1.5 to 3 SD: the design `plan` prints (first look at 0.7 x fixed, maximum a tenth
+    above it, the default boundary) reaches the planned power 0.9 (within simulation error, 99 %), as the
+    fixed design `plan` prints does, and its mean trials never exceed the fixed design's."""
+    tolerance = 2.33 * math.sqrt(0.9 * 0.1 / DESIGN_RUNS)
     for k, effect in enumerate((1.5, 2.0, 2.5, 3.0)):
-        fixed = planned_trials(effect, 1.0, alpha=alpha, gains=gains)
+        fixed = planned_trials(effect, 1.0, alpha=alpha, gains=gains, correlation=_gain_correlation(gains))
         assert fixed is not None
-        looks = plan_looks(initial=min(PLANNED_FIRST_LOOK, fixed), block=1, max_trials=sequential_maximum(fixed))
+        first, maximum = sequential_design(fixed)
+        looks = plan_looks(initial=first, block=1, max_trials=maximum)
         fixed_power, _ = _runs_to_decide(effect, (fixed,), (alpha,), gains, seed=k)
         power, trials = _runs_to_decide(effect, looks, DEFAULT_BOUNDARY.nominal_levels(alpha, looks), gains,
                                         seed=k + 10)
-        # both reach the planned power (the fixed design, a whole number of trials, often exceeds it)
         assert min(power, fixed_power) >= 0.9 - tolerance, (effect, power, fixed_power)
-        assert trials <= fixed, (effect, trials, fixed)
-        if effect == 1.5:
-            assert trials <= 0.9 * fixed, (trials, fixed)
+        assert trials <= fixed, (effect, looks, trials, fixed)
