@@ -28,7 +28,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from cache_qualify.stats.manytoone import Mode, Tournament, tournament_starts
-from cache_qualify.stats.validation import NOISE, SHAPES, Item, binomial_bound, draw
+from cache_qualify.stats.simulate import NOISE, SHAPES, Item, draw
+from cache_qualify.stats.validation import binomial_bound
 from cache_qualify.stats.verdict import Assertion, Trials, VerdictWarning
 
 
