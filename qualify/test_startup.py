@@ -1,4 +1,5 @@
-"""Startup: every rank of both builds starts in every trial, and the KV cache keeps its pages."""
+"""Startup: every rank of both builds starts in every trial, the KV cache keeps its pages, and the
+candidate has no more bad starts than the baseline."""
 
 from __future__ import annotations
 
@@ -15,4 +16,11 @@ def test_all_ranks_started(qualifier: Qualifier, scenario_name: str) -> None:
 @pytest.mark.assertion_metrics("kv_pages")
 def test_kv_pages(qualifier: Qualifier, scenario_name: str, candidate: str, assertion_id: str,
                   record_property: RecordProperty) -> None:
+    check_verdict(qualifier.result(scenario_name), assertion_id, record_property, candidate)
+
+
+@pytest.mark.assertion_metrics("bad_starts")
+def test_bad_starts(qualifier: Qualifier, scenario_name: str, candidate: str, assertion_id: str,
+                    record_property: RecordProperty) -> None:
+    """Not shown to have more bad starts than the baseline: a user of the build pays for every start."""
     check_verdict(qualifier.result(scenario_name), assertion_id, record_property, candidate)

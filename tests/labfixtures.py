@@ -10,6 +10,7 @@ the process table.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -171,6 +172,37 @@ class QualifyRun:
 
     def testcases(self) -> dict[str, ET.Element]:
         return {case.get("name", ""): case for case in self.junit().iter("testcase")}
+
+    def reading_rule_violations(self) -> list[str]:
+        """Every verdict test in the JUnit XML read by the rule docs/statistics.md states, on its printed
+        figures: where higher is better a pass is exactly `ci_low > null_boundary` and a shown failure
+        `ci_high < null_boundary`; where lower is better a pass is exactly `ci_high < null_boundary` and a
+        shown failure `ci_low > null_boundary`; the bad-start check fails exactly when `p_value < level`.
+        Returns the verdicts that break it (none), and checks that there were verdicts to read."""
+        broken, read = [], 0
+        for name, case in self.testcases().items():
+            props = {p.get("name", ""): p.get("value", "") for p in case.iter("property")}
+            if props.get("outcome") not in ("pass", "fail", "inconclusive"):
+                continue
+            read += 1
+            passed = case.find("failure") is None and case.find("error") is None
+            if passed != (props["outcome"] == "pass"):
+                broken.append(f"{name}: the test {'passed' if passed else 'failed'}, the verdict is {props['outcome']}")
+            if props["kind"] == "no_excess":
+                if passed == (_number(props["p_value"]) < _number(props["level"])):
+                    broken.append(f"{name}: {props}")
+                continue
+            low, high, boundary = (_number(props[k]) for k in ("ci_low", "ci_high", "null_boundary"))
+            better, worse = (low > boundary, high < boundary) if props["higher_is_better"] == "True" \
+                else (high < boundary, low > boundary)
+            if passed != better or (worse and props["outcome"] != "fail"):
+                broken.append(f"{name}: {props}")
+        assert read, f"no verdict test in the JUnit XML of {self.run_dir()}"
+        return broken
+
+
+def _number(text: str) -> float:
+    return float(text) if text not in ("", "None") else math.nan
 
 
 TEST_SEED = "1"   # every run of the suite's own tests has a seed, so its noise replays (a resume keeps its own)

@@ -288,16 +288,19 @@ def test_verdicts_table_and_reasons(failing_run: Run, summary: str) -> None:
     for v in failing_run.verdicts:
         cells = _row(section, f"`{v['id']}`", after="### Verdicts")
         assert cells[1] == str(v["outcome"]).upper()
-        assert cells[8] == f"{TRIALS} / {TRIALS}"
+        assert cells[9] == f"{TRIALS} / {TRIALS}"
         if v["outcome"] != "pass":
             assert str(v["reason"]) in section
     third = next(v for v in failing_run.verdicts if v["id"] == "hit_rate-gain[A-third-read]")
     assert third["outcome"] != "pass"  # the synthetic data has no gain there
     cells = _row(section, "`hit_rate-gain[B-new-start]`", after="### Verdicts")
     b = next(v for v in failing_run.verdicts if v["id"] == "hit_rate-gain[B-new-start]")
-    assert cells[1:5] == ["PASS", f"{100 * float(b['baseline_mean']):.2f} %",  # type: ignore[arg-type]
+    assert cells[1:6] == ["PASS", f"{100 * float(b['baseline_mean']):.2f} %",  # type: ignore[arg-type]
                           f"{100 * float(b['candidate_mean']):.2f} %",  # type: ignore[arg-type]
-                          f"{100 * float(b['difference']):+.2f} pp"]  # type: ignore[arg-type]
+                          f"{100 * float(b['difference']):+.2f} pp", "+0.00 pp"]  # type: ignore[arg-type]
+    # the interval's header says its level to the digits it has (a sequential look's 99.78 %, not "100 %")
+    assert "| 98 % CI |" in section.replace("---:", "")
+    assert "where lower is better (readiness wait, time), when its upper end is below it" in section
 
 
 def test_plots_are_png_files_linked_from_the_summary(failing_run: Run, summary: str) -> None:
