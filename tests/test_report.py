@@ -297,7 +297,8 @@ def test_verdicts_table_and_reasons(failing_run: Run, summary: str) -> None:
     b = next(v for v in failing_run.verdicts if v["id"] == "hit_rate-gain[B-new-start]")
     assert cells[1:6] == ["PASS", f"{100 * float(b['baseline_mean']):.2f} %",  # type: ignore[arg-type]
                           f"{100 * float(b['candidate_mean']):.2f} %",  # type: ignore[arg-type]
-                          f"{100 * float(b['difference']):+.2f} pp", "+0.00 pp"]  # type: ignore[arg-type]
+                          f"{100 * float(b['difference']):+.2f} pp",  # type: ignore[arg-type]
+                          f"{100 * float(b['null_boundary']):+.2f} pp"]  # type: ignore[arg-type]
     # the interval's header says its level to the digits it has (a sequential look's 99.78 %, not "100 %")
     assert "| 98 % CI |" in section.replace("---:", "")
     assert "where lower is better (readiness wait, time), when its upper end is below it" in section

@@ -16,8 +16,7 @@ from cache_qualify.cli import main
 from cache_qualify.stats import robustness
 from cache_qualify.stats.savings import known_sd_bound
 from cache_qualify.stats.simulate import NOISE, SHAPES, Noise, design_for
-from cache_qualify.stats.validation import (Cell, CellResult, cells, fixed_trials_at_power, power_tolerance, run_cell,
-                                            saving)
+from cache_qualify.stats.validation import Cell, CellResult, cells, fixed_trials_at_power, power_tolerance, run_cell
 
 RUNS = 300
 ALL = list(cells())
@@ -27,13 +26,13 @@ def _result(cell: Cell, runs: int = RUNS) -> CellResult:
     return run_cell(cell, runs=runs, seed=ALL.index(cell) + 1)
 
 
-AA = [c for c in ALL if c.check == "aa" and c.shape != "two-gain" and (c.noise != "rounded" or c.shape == "reread-1g")]
+# rounded hit rates: look by look in `validate --check rounded`; here the two-block case that broke
+AA = [c for c in ALL if c.check == "aa" and c.shape != "two-gain" and c.noise != "rounded"]
 
 
 @pytest.mark.parametrize("cell", AA, ids=lambda c: f"{c.shape}-{c.alpha}-{c.noise}")
 def test_a_a_passes_a_gain_at_most_alpha_of_the_time(cell: Cell) -> None:
-    """Under normal, heavy-tailed, bad-start, drifting and (hit rates) rounded noise, each gain within its 99 %
-    binomial bound."""
+    """Under normal, heavy-tailed, bad-start and drifting noise, each gain within its 99 % binomial bound."""
     result = _result(cell)
     assert result.worst_gain_passes <= result.bound
 
@@ -66,7 +65,6 @@ def test_sequential_never_costs_more_than_the_fixed_design_at_the_planned_power(
     f, s = _result(fixed), _result(sequential)
     assert min(s.power, f.power) >= 0.9 - power_tolerance(RUNS)
     assert s.mean_trials <= fixed.looks[0]
-    assert saving(s, f, runs=RUNS, seed=ALL.index(sequential) + 1).fixed_at_power <= fixed.looks[0]
 
 
 def test_fixed_trials_at_power_interpolate_between_the_fixed_designs_that_bracket_it() -> None:
