@@ -18,7 +18,6 @@ from cache_qualify.errors import InventoryError
 from cache_qualify.config.inventory import (Host, Inventory, check_address, inventory_hash, json_schema, load_inventory,
                                 render_argv, render_command)
 from cache_qualify.config import yamlsource
-from cache_qualify.config.metricnames import MetricNames
 from cache_qualify.config.scenario import SCENARIO_DIR
 from cache_qualify.config.yamlsource import load_yaml
 from tests.labfixtures import REPO, edited, write_file
@@ -67,7 +66,7 @@ def test_base_inventory_is_valid(tmp_path: Path) -> None:
     assert inventory.hosts[0].transport == "ssh"
     assert inventory.ssh.jump is not None and inventory.ssh.jump.port == 2222
     assert inventory.build("set4").flags == ("--x", "1")
-    assert inventory.server.readiness.path == "/health"
+    assert inventory.server.readiness.path is None and inventory.measurement.readiness_path == "/health"
     assert "sudo -n" in inventory.server.drop_caches
 
 
@@ -246,13 +245,20 @@ def test_reserved_group_name(tmp_path: Path) -> None:
         load_inventory(write(tmp_path, text))
 
 
-def test_metric_names_overrides(tmp_path: Path) -> None:
-    text = edit("builds:\n", "metrics: {hits: rc_hits_total}\nbuilds:\n")
-    names = load_inventory(write(tmp_path, text)).metric_names()
-    assert names == MetricNames(hits="rc_hits_total")
+def test_metrics_renames_written_before_measurements_still_load(tmp_path: Path) -> None:
+    text = edit("builds:\n", "metrics: {hits: rc_hits_total, refused_inserts: rc_refused_total}\nbuilds:\n")
+    model = load_inventory(write(tmp_path, text)).measurement
+    assert model.quantities["hits"].spec.counter == "rc_hits_total"
+    assert model.quantities["refused_exported"].spec.counter == "rc_refused_total"
+    assert model.quantities["hits"].unit == "rows" and model.quantities["misses"].spec.counter == (
+        "flare_engram_row_cache_misses_total")
     text = edit("builds:\n", "metrics: {kv_pages: other_pages}\nbuilds:\n")
     with pytest.raises(InventoryError, match=r"metrics\.kv_pages: expected the same name as "
                        r"server\.kv_pages\.metric \('flare_kv_cache_pages'\), found 'other_pages'"):
+        load_inventory(write(tmp_path, text))
+    text = edit("builds:\n", "metrics: {hits: rc_hits_total}\nmeasurements: {hits: {counter: x_total}}\nbuilds:\n")
+    with pytest.raises(InventoryError, match=r"measurements\.hits: hits is also given under `metrics`; give it "
+                                             r"once, under `measurements:`"):
         load_inventory(write(tmp_path, text))
 
 

@@ -17,7 +17,7 @@ from cache_qualify.errors import CommandFailed, LockHeld, RankExited, StaleServe
 from cache_qualify.config.inventory import Inventory, load_inventory
 from cache_qualify.lab.control import RUNNING_FUNCTION, Lab, backoff_delays
 from cache_qualify.lab.server import ServerGroup
-from cache_qualify.trials.measure import read_kv_pages
+from cache_qualify.trials.measure import read_start
 from tests.labfixtures import REPO, inventory_port, sim_processes, wait_no_sim_processes, write_inventory
 from tests.sshd import SshdLab
 
@@ -49,7 +49,7 @@ def kv_pages_of_a_start(inventory: Inventory) -> dict[str, int]:
         try:
             server.wait_ready()
             assert len(sim_processes(inventory.server.http_port)) == 3
-            return read_kv_pages(server, inventory.metric_names())
+            return {host: int(pages) for host, pages in read_start(server, inventory.measurement)["kv_pages"].items()}
         finally:
             server.stop()
             server.close()
