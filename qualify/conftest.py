@@ -23,14 +23,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
         inventory = state.inventory
         _, arms = arm_labels(inventory.baseline, inventory.candidates)
-        kinds = metafunc.definition.get_closest_marker("assertion_metrics")
-        wanted = kinds.args if kinds else None
+        per = metafunc.definition.get_closest_marker("assertions_per")
+        wanted = per.args[0] if per else None   # the assertions on quantities read per request, or per start
+        model = inventory.measurement
         params = []
         for given in state.scenarios:
             scenario = state.qualifier().scenario(given)
             for arm in arms:
-                for a in assertions_for(scenario):
-                    if wanted is None or a.metric in wanted:
+                for a in assertions_for(scenario, model):
+                    if wanted is None or model.quantities[a.metric].per == wanted:
                         parts = [scenario.name] * several + [arm] * (len(arms) > 1) + [a.id]
                         params.append(pytest.param(given, arm, a.id, id=":".join(parts),
                                                    marks=pytest.mark.xdist_group(scenario.name)))

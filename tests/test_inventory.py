@@ -540,3 +540,32 @@ def test_a_missing_named_ssh_config_is_one_line_at_load(tmp_path: Path) -> None:
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode == 4, run.stdout + run.stderr
     assert (run.stdout + run.stderr).count(f"the ssh config file {missing} does not exist") == 1, run.stdout + run.stderr
+
+
+def test_the_default_drop_needs_no_sudo_as_root_and_asks_sudo_n_otherwise() -> None:
+    """Run for real: as root (the test session's user) it writes the file itself, so a host without
+    sudo drops its caches; as another user it goes through `sudo -n` (here a stand-in sudo on PATH
+    that records its arguments and refuses, as sudo does without a NOPASSWD line)."""
+    import os
+    import subprocess
+    import tempfile
+
+    from cache_qualify.config.inventory import DEFAULT_DROP_CACHES
+
+    assert os.geteuid() == 0, "the suite's tests run as root"
+    with tempfile.TemporaryDirectory(prefix="cq-sudo-") as folder:   # one another user can enter
+        os.chmod(folder, 0o755)
+        fake, calls = Path(folder) / "sudo", Path(folder) / "sudo-calls"
+        fake.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" >> {calls}\necho 'sudo: a password is required' >&2\n"
+                        "exit 1\n", encoding="utf-8")
+        fake.chmod(0o755)
+        calls.touch()
+        calls.chmod(0o666)
+        env = {"PATH": f"{folder}:/usr/bin:/bin"}
+        as_root = subprocess.run(["sh", "-c", DEFAULT_DROP_CACHES], env=env, capture_output=True, text=True)
+        assert as_root.returncode == 0, as_root.stderr
+        assert calls.read_text(encoding="utf-8") == ""
+        as_nobody = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
+                                    DEFAULT_DROP_CACHES], env=env, capture_output=True, text=True)
+        assert as_nobody.returncode != 0 and "a password is required" in as_nobody.stderr
+        assert calls.read_text(encoding="utf-8") == "-n tee /proc/sys/vm/drop_caches\n"
