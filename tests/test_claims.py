@@ -24,7 +24,7 @@ import pytest
 from cache_qualify.config.inventory import load_inventory
 from cache_qualify.errors import PlanError, RecordedError
 from cache_qualify.qualification import Qualifier, RunOptions
-from cache_qualify.config.measurement import resolve
+from cache_qualify.config.profiles import resolve
 from cache_qualify.report.consistency import counter_problems
 from cache_qualify.samples.store import SampleStore
 from tests.labfixtures import (REPO, inventory_port, run_qualify, small_scenario, small_scenario_option,

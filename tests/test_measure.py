@@ -30,7 +30,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 
 from cache_qualify.errors import CounterReset, MeasureError, MetricMissing, MetricsUnreadable
 from cache_qualify.lab.server import MetricsEndpoint
-from cache_qualify.config.measurement import resolve
+from cache_qualify.config.profiles import resolve
 from cache_qualify.trials.figures import Figures, combine, delta
 from cache_qualify.trials.measure import MetricScraper, Snapshot, parse_metrics, read_gauge
 from tests.httpfixtures import OPENMETRICS_TEXT, Reply, StubServer
