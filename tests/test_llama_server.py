@@ -339,13 +339,13 @@ def test_a_candidate_beats_its_baseline_in_hit_rate_and_prompt_time(
 ])
 def test_kv_size_at_the_default_verbosity(serve: ServeFn, flags: tuple[str, ...], slots: int, ctx_slot: int,
                                           unified: str) -> None:
-    log = serve(*flags).log()
+    log = serve(*flags).wait_for_log(KV_LINE)
     assert KV_LINE.findall(log) == [(str(slots), str(ctx_slot), unified)]
     assert KV_CELLS_LINE.search(log) is None, "the cells line needs -lv 4"
 
 
 def test_kv_cells_at_verbosity_4(serve: ServeFn) -> None:
-    log = serve("-c", "4096", "-lv", "4").log()
+    log = serve("-c", "4096", "-lv", "4").wait_for_log(KV_LINE)
     assert KV_CELLS_LINE.findall(log) == [("4096", "1", "4", "1")]
     assert KV_LINE.findall(log) == [("4", "4096", "true")]
 

@@ -10,6 +10,7 @@ and the log's tail) when it exits before it is ready.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -68,6 +69,17 @@ class LlamaServer:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, pattern: re.Pattern[str], timeout_s: float = 5.0) -> str:
+        """The log once `pattern` is in it. llama-server writes its log from a thread of its own,
+        so a line printed before ``/health`` turned 200 can reach the file a few ms after it."""
+        deadline = time.monotonic() + timeout_s
+        while not pattern.search(log := self.log()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{pattern.pattern!r} did not appear in {self.log_path} within "
+                                   f"{timeout_s:g} s; the log ends:\n{self.log_tail()}")
+            time.sleep(0.002)
+        return log
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return "\n".join(self.log().splitlines()[-lines:])
