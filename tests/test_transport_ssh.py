@@ -432,3 +432,30 @@ def test_tcp_forwarding_forbidden_by_sshd_is_named(sshd_lab: SshdLab, tmp_path: 
     finally:
         host.stop()
 
+
+def test_the_ssh_route_goes_over_the_hosts_connection(
+        sshd_lab: SshdLab, tmp_path: Path, stub_servers: Callable[..., StubServer]) -> None:
+    """`port_open` and `http_base_url` over `ssh` reach a port as the host sees it, through its sshd:
+    where that sshd forbids forwarding, the `ssh` route fails and the `direct` one still works."""
+    host = sshd_lab.start("route")
+    closed = sshd_lab.start("noroute", extra_config=("AllowTcpForwarding no",))
+    known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts", host, closed)
+    try:
+        server = stub_servers(host.address)
+        server.serve("/metrics", Reply(body="up 1\n"))
+        with connect(sshd_lab, host, known_hosts) as transport:
+            assert transport.routes == {"direct", "ssh"}
+            assert transport.port_open(server.host, server.port, route="ssh", timeout_s=5.0) is True
+            assert transport.port_open(host.address, free_port(host.address), route="ssh", timeout_s=5.0) is False
+            base = transport.http_base_url(server.host, server.port, route="ssh")
+            assert re.fullmatch(r"http://127\.0\.0\.1:\d+", base) and base != server.url  # a forwarded port
+            assert httpx.get(f"{base}/metrics", timeout=5.0).text == "up 1\n"
+            assert transport.http_base_url(server.host, server.port, route="direct") == server.url
+        with connect(sshd_lab, closed, known_hosts) as transport:
+            assert transport.port_open(server.host, server.port, route="direct", timeout_s=5.0) is True
+            with pytest.raises(TcpRefused, match=r"^host h1: .* could not connect to .* for the runner: .*The `ssh` "
+                                                 r"HTTP route needs TCP forwarding"):
+                transport.port_open(server.host, server.port, route="ssh", timeout_s=5.0)
+    finally:
+        host.stop()
+        closed.stop()
