@@ -8,7 +8,7 @@ static (one file, movable), for a generic x86-64/arm64 CPU (no ``-march=native``
 cache may be shared by machines), without TLS, curl or the web UI.
 
 The build is kept outside the checkout, one folder per version
-(``$CACHE_QUALIFY_CACHE_DIR`` or ``${XDG_CACHE_HOME:-~/.cache}/cache-qualify``, then
+(``$CACHE_QUALIFY_LLAMA_DIR`` or ``${XDG_CACHE_HOME:-~/.cache}/cache-qualify``, then
 ``llama-server/<version>/``), so a rerun reuses it. It is built in a temporary folder
 beside that one and renamed into place whole, with a ``build.json`` of what it was built
 from: a cut build is never taken for a finished one, and a build of other options is
@@ -45,9 +45,15 @@ class BuildFailed(Exception):
     """llama-server could not be built; the message ends with the build log's last lines."""
 
 
+BUILD_DIR_ENV = "CACHE_QUALIFY_LLAMA_DIR"
+
+
 def cache_root() -> Path:
-    """The suite's cache folder outside any checkout."""
-    explicit = os.environ.get("CACHE_QUALIFY_CACHE_DIR")
+    """Where builds are kept, outside any checkout: ``$CACHE_QUALIFY_LLAMA_DIR``, else the user's cache
+    folder's ``cache-qualify``. Not the suite's own cache folder (``$CACHE_QUALIFY_CACHE_DIR``), which
+    the test session points at a folder of its own: the build made before the session (the README's
+    test command) must be the one the session finds."""
+    explicit = os.environ.get(BUILD_DIR_ENV)
     if explicit:
         return Path(explicit)
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cache-qualify"
