@@ -23,7 +23,8 @@ from scipy import stats
 
 from cache_qualify.cli import main
 from cache_qualify.errors import SamplesError
-from cache_qualify.report.markdown import estimate, fmt, show
+from cache_qualify.report.markdown import estimate, show
+from cache_qualify.report.tables import fmt
 from cache_qualify.report.provenance import provenance
 from cache_qualify.report.render import render_run, verdict_table
 from cache_qualify.report.rundata import load_run, scenario_description
