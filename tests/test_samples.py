@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cache_qualify.errors import SamplesError
+from cache_qualify.samples import runfolder
 from cache_qualify.samples.store import FAILED, OK, SAMPLE_COLUMNS, TRIAL_COLUMNS, SampleStore, TrialRow, new_attempt
 
 
@@ -181,3 +182,35 @@ def test_a_resumed_run_appends_after_a_torn_row_without_gluing_to_it(tmp_path: P
     lines = store.samples_path.read_text(encoding="utf-8").splitlines()
     assert lines[-2:] == ["r,s,b,0,0,a1,A,h,0,hits,1", "r,s,b,0,0,a1,A,h,0,misses,2"]
     assert (tmp_path / "run" / "samples.csv.torn").read_text(encoding="utf-8") == "r,s,b,0,0,a1,A,h,0,misse\n"
+
+
+# --- one owner of the run folder's names ----------------------------------------------------------
+
+def _spelled(text: str) -> bool:
+    """Whether `text` names a file or folder of the run folder (not only mentions a word)."""
+    names = (runfolder.PLAN_FILE, runfolder.SAMPLES_FILE, runfolder.TRIALS_FILE, runfolder.OUTCOME_FILE,
+             runfolder.MERGED_VERDICTS_FILE, runfolder.PROVENANCE_FILE, runfolder.SUMMARY_FILE, runfolder.JUNIT_FILE)
+    folders = (runfolder.PLOTS_DIR, runfolder.LOGS_DIR, runfolder.CLAIMS_DIR, runfolder.PREFLIGHT_DIR)
+    return (any(name in text for name in names) or text.startswith(("verdicts-", "arms-", "facts-"))
+            or any(text == d or text.startswith(f"{d}/") or f"/{d}" in text for d in folders))
+
+
+def test_only_the_run_folder_module_spells_its_file_names() -> None:
+    """Every other module of the package asks samples.runfolder for a run folder's paths (docstrings
+    may describe the files; code may not spell them)."""
+    import ast
+
+    package = Path(runfolder.__file__).resolve().parent.parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path == Path(runfolder.__file__).resolve():
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        found += [f"{path.relative_to(package)}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and id(node) not in docstrings and _spelled(node.value)]
+    assert not found, "run-folder names spelled outside samples/runfolder.py:\n" + "\n".join(found)
+    assert _spelled("reports/r1/plan.json") and _spelled("logs/") and not _spelled("the logs of a rank")
