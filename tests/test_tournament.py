@@ -108,6 +108,8 @@ def test_tournament_exits_zero_when_one_candidate_passes(tmp_path: Path) -> None
                       timeout_s=600)
     assert run.returncode == 0, run.output
     assert "--tournament: exit status 0, two_choice passed every assertion (failed: lru4)" in run.output
+    outcome = json.loads((run.run_dir() / "outcome.json").read_text(encoding="utf-8"))
+    assert (outcome["exit_status"], outcome["mode"], outcome["recommended"]) == (0, "screening", "two_choice")
     assert _failure(run, "test_row_cache[lru4:hit_rate-gain[A-third-read]]") is not None  # still shown failed
     props = _properties(run, "test_row_cache[two_choice:hit_rate-gain[B-new-start]]")
     assert props["mode"] == "screening" and float(props["alpha"]) == pytest.approx(screening_level(0.05, 2))
