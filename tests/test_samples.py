@@ -214,3 +214,20 @@ def test_only_the_run_folder_module_spells_its_file_names() -> None:
                   and id(node) not in docstrings and _spelled(node.value)]
     assert not found, "run-folder names spelled outside samples/runfolder.py:\n" + "\n".join(found)
     assert _spelled("reports/r1/plan.json") and _spelled("logs/") and not _spelled("the logs of a rank")
+
+
+def test_a_plan_from_before_or_after_a_field_was_added_still_loads(tmp_path: Path) -> None:
+    """Fields are added with a default: a plan written before one existed loads with it, a plan with a
+    field this suite does not know loads without it, and each says the version it was written as."""
+    from cache_qualify.samples.records import PLAN_VERSION, Plan
+
+    old = {"run_id": "r1", "seed": 7, "candidate": "two_choice", "scenarios": ["reread-1g"]}
+    plan = Plan.from_json(old, path=tmp_path / "plan.json")
+    assert (plan.version, plan.candidates, plan.builds, plan.history) == (1, ("two_choice",), {}, None)
+    runfolder.create(tmp_path / "new", Plan(run_id="new", seed=3, candidates=("set8",)))
+    written = runfolder.read_plan(tmp_path / "new")
+    assert written.version == PLAN_VERSION and written.candidate == "set8"
+    newer = {**old, "version": PLAN_VERSION + 1, "quantities": {"readiness_wait": {"unit": "ns"}}}
+    assert Plan.from_json(newer, path=tmp_path / "plan.json").version == PLAN_VERSION + 1
+    with pytest.raises(SamplesError, match=r"plan\.json: seed: input should be a valid integer.*found 'x'"):
+        Plan.from_json({**old, "seed": "x"}, path=tmp_path / "plan.json")
