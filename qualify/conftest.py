@@ -4,6 +4,7 @@ Each scenario is one xdist group (`--dist loadgroup`), so its tests run on one
 worker, which claims a free host group and runs the scenario's trials once.
 Test ids carry the scenario when several run, and the candidate when several
 are compared with the baseline: ``reread-1g:two_choice:hit_rate-gain[B-new-start]``.
+Without an inventory the run stops before collecting, with one usage line.
 """
 
 from __future__ import annotations
@@ -11,6 +12,19 @@ from __future__ import annotations
 import pytest
 
 from cache_qualify.plugin import state_of
+
+
+@pytest.hookimpl(tryfirst=True)   # before pytest's header: the usage line is the only output
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """`pytest qualify` without an inventory stops here, with one usage line and exit status 4."""
+    state_of(session.config)
+
+
+def pytest_collectstart(collector: pytest.Collector) -> None:
+    """The same when collection finds these tests (a bare `pytest` above this folder), before
+    pytest_generate_tests would raise it once per module, each with a traceback."""
+    if isinstance(collector, pytest.Module):
+        state_of(collector.config)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
