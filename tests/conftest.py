@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from cache_qualify.lab.transport import LocalTransport, Transport
-from cache_qualify.plugin import deal_by_group, tag_xdist_groups
+from cache_qualify.session.xdist import deal_by_group, tag_xdist_groups
 from tests.httpfixtures import StubServer
 
 if TYPE_CHECKING:  # paramiko is imported only by sessions that use SSH

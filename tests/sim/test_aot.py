@@ -15,7 +15,8 @@ import pytest
 
 from cache_qualify.sim import aot
 from cache_qualify.sim.gathers import GatherTrace
-from cache_qualify.sim.rowcache import POLICIES, RowCache
+from cache_qualify.sim.layout import POLICIES
+from cache_qualify.sim.rowcache import RowCache
 
 
 @pytest.fixture(scope="module")
