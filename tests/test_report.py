@@ -29,6 +29,7 @@ from cache_qualify.report.provenance import provenance
 from cache_qualify.report.render import render_run, verdict_table
 from cache_qualify.report.rundata import load_run, scenario_description
 from cache_qualify.samples.records import dump
+from cache_qualify.units import unit
 from cache_qualify.samples.store import OK, START_FAILED, SampleStore, TrialRow, new_attempt
 from cache_qualify.session.setup import builds_of
 from cache_qualify.config.inventory import load_inventory
@@ -228,11 +229,14 @@ def _reference(values: list[float], scale: float, decimals: int, suffix: str = "
 # --- numbers -------------------------------------------------------------------------------------
 
 def test_formats_follow_the_domain_report() -> None:
-    assert fmt(0.9506, "hit_rate") == "95.06 %"
-    assert fmt(175_506, "evictions") == "175,506"
-    assert fmt(2.14e9, "readiness_wait_ns") == "2.140 s"
-    assert fmt(-0.0203, "hit_rate", signed=True) == "-2.03 pp"
-    assert fmt(math.nan, "hit_rate") == "n/a"
+    assert fmt(0.9506, "fraction") == "95.06 %"
+    assert fmt(175_506, "rows", suffix=False) == "175,506"
+    assert fmt(2.14e9, "ns") == "2.140 s"
+    assert fmt(-0.0203, "fraction", signed=True) == "-2.03 pp"
+    assert fmt(math.nan, "fraction") == "n/a"
+    # a verdict file written before units were recorded: the study's unit of its metric
+    assert fmt(2.14e9, "", metric="readiness_wait_ns") == "2.140 s"
+    assert fmt(41_301, "", metric="kv_pages") == "41,301 pages"
 
 
 def test_estimate_matches_the_t_interval_and_degrades_without_noise_estimate() -> None:
@@ -242,7 +246,7 @@ def test_estimate_matches_the_t_interval_and_degrades_without_noise_estimate() -
     assert est.n == 4 and est.mean == pytest.approx(np.mean(values))
     assert est.half_width == pytest.approx((high - low) / 2)
     single = estimate([0.5])
-    assert single.n == 1 and math.isnan(single.half_width) and show(single, "hit_rate", unit=True) == "50.00 %"
+    assert single.n == 1 and math.isnan(single.half_width) and show(single, unit("fraction"), suffix=True) == "50.00 %"
 
 
 # --- summary.md ----------------------------------------------------------------------------------
@@ -262,7 +266,7 @@ def test_request_table_has_means_and_cis_over_all_hosts(failing_run: Run, summar
     assert cells[1:3] == [_reference(e.hit_rate[(b, request_name, "all")], 100, 2, " %") for b in builds]
     assert cells[3:5] == [_reference(e.evictions[(b, request_name)], 1, 0) for b in builds]
     assert cells[7:9] == [_reference(e.wait_ns[(b, request_name)], 1e-9, 3) for b in builds]
-    assert cells[9:11] == [_reference(e.time_s[(b, request_name)], 1, 2) for b in builds]
+    assert cells[9:11] == [_reference(e.time_s[(b, request_name)], 1, 3) for b in builds]
     assert "," in cells[3]  # thousands separators, as in the RowCache study
 
 
