@@ -143,5 +143,5 @@ def test_recommendation_says_when_no_candidate_passes(tmp_path: Path) -> None:
     lines = recommendation(data)
     rows = [line for line in lines if line.startswith("| 1 ") or line.startswith("| 2 ")]
     assert rows[0] == "| 1 | `fast` | FAIL | — | -0.900 s (-0.990 to -0.810) | -900 pages (-990 to -810) | 3 |"
-    assert rows[1] == "| 2 | `slow` | FAIL | one more probe | +0.200 s (+0.180 to +0.220) | -3 (-3 to -3) | 2 |"
+    assert rows[1] == "| 2 | `slow` | FAIL | one more probe | +0.200 s (+0.180 to +0.220) | -3 pages (-3 to -3) | 2 |"
     assert lines[-1] == "**Recommendation: none**: no candidate passes every assertion."
