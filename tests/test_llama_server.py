@@ -392,7 +392,7 @@ def test_a_taken_port_exits_1(binary: Path, model: TinyModel, tmp_path: Path) ->
 
 def test_a_build_that_fails_raises_with_the_log_tail_and_leaves_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CACHE_QUALIFY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(llama_build.BUILD_DIR_ENV, str(tmp_path))
     # pip with no index and no configuration: the download fails at once, offline
     monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
     monkeypatch.setenv("PIP_NO_INDEX", "1")
@@ -403,7 +403,7 @@ def test_a_build_that_fails_raises_with_the_log_tail_and_leaves_nothing(
 
 
 def test_a_build_of_other_options_is_not_taken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CACHE_QUALIFY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(llama_build.BUILD_DIR_ENV, str(tmp_path))
     folder = llama_build.install_dir("9.9.9")
     folder.mkdir(parents=True)
     (folder / llama_build.TARGET).write_bytes(b"")
