@@ -4,6 +4,7 @@ Each scenario is one xdist group (`--dist loadgroup`), so its tests run on one
 worker, which claims a free host group and runs the scenario's trials once.
 Test ids carry the scenario when several run, and the candidate when several
 are compared with the baseline: ``reread-1g:two_choice:hit_rate-gain[B-new-start]``.
+Without an inventory the run stops before collecting, with one usage line.
 """
 
 from __future__ import annotations
@@ -11,6 +12,19 @@ from __future__ import annotations
 import pytest
 
 from cache_qualify.plugin import state_of
+
+
+@pytest.hookimpl(tryfirst=True)   # before pytest's header: the usage line is the only output
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """`pytest qualify` without an inventory stops here, with one usage line and exit status 4."""
+    state_of(session.config)
+
+
+def pytest_collectstart(collector: pytest.Collector) -> None:
+    """The same when collection finds these tests (a bare `pytest` above this folder), before
+    pytest_generate_tests would raise it once per module, each with a traceback."""
+    if isinstance(collector, pytest.Module):
+        state_of(collector.config)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -23,14 +37,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
         inventory = state.inventory
         _, arms = arm_labels(inventory.baseline, inventory.candidates)
-        kinds = metafunc.definition.get_closest_marker("assertion_metrics")
-        wanted = kinds.args if kinds else None
+        per = metafunc.definition.get_closest_marker("assertions_per")
+        # the assertions on quantities read per request, or per start, or the bad-start check
+        wanted = per.args[0] if per else None
+        model = inventory.measurement
         params = []
         for given in state.scenarios:
             scenario = state.qualifier().scenario(given)
             for arm in arms:
-                for a in assertions_for(scenario):
-                    if wanted is None or a.metric in wanted:
+                for a in assertions_for(scenario, model):
+                    read = "bad_starts" if a.kind == "no_excess" else model.quantities[a.metric].per
+                    if wanted is None or read == wanted:
                         parts = [scenario.name] * several + [arm] * (len(arms) > 1) + [a.id]
                         params.append(pytest.param(given, arm, a.id, id=":".join(parts),
                                                    marks=pytest.mark.xdist_group(scenario.name)))

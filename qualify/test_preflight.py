@@ -18,7 +18,8 @@ import pytest
 from cache_qualify.errors import QualifyError
 from cache_qualify.lab import preflight
 from cache_qualify.config.inventory import Host
-from cache_qualify.plugin import QualifyState, state_of
+from cache_qualify.plugin import state_of
+from cache_qualify.session.state import QualifyState
 from cache_qualify.lab.transport import Transport
 
 pytestmark = pytest.mark.qualify_preflight

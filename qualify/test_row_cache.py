@@ -7,8 +7,6 @@ import pytest
 from cache_qualify.gate import FAILED, INVALID, RecordProperty, check_trials_valid, check_verdict
 from cache_qualify.qualification import Qualifier
 
-ROW_CACHE_METRICS = ("hit_rate", "readiness_wait_ns", "client_time_s", "evictions", "refused_inserts")
-
 
 def test_no_prefix_cache_reuse(qualifier: Qualifier, scenario_name: str) -> None:
     """cached_tokens was 0 in every response and no counter was reset: every request read its rows."""
@@ -25,11 +23,11 @@ def test_counter_consistency(qualifier: Qualifier, scenario_name: str) -> None:
     from cache_qualify.report.consistency import counter_problems
 
     result = qualifier.result(scenario_name)
-    problems = counter_problems(qualifier.store, result.scenario)
+    problems = counter_problems(qualifier.store, result.scenario, qualifier.inventory.measurement)
     assert not problems, "row cache counters do not add up:\n" + "\n".join(problems)
 
 
-@pytest.mark.assertion_metrics(*ROW_CACHE_METRICS)
+@pytest.mark.assertions_per("request")
 def test_row_cache(qualifier: Qualifier, scenario_name: str, candidate: str, assertion_id: str,
                    record_property: RecordProperty) -> None:
     check_verdict(qualifier.result(scenario_name), assertion_id, record_property, candidate)

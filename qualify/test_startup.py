@@ -13,13 +13,13 @@ def test_all_ranks_started(qualifier: Qualifier, scenario_name: str) -> None:
     check_started(qualifier.result(scenario_name))
 
 
-@pytest.mark.assertion_metrics("kv_pages")
+@pytest.mark.assertions_per("start")
 def test_kv_pages(qualifier: Qualifier, scenario_name: str, candidate: str, assertion_id: str,
                   record_property: RecordProperty) -> None:
     check_verdict(qualifier.result(scenario_name), assertion_id, record_property, candidate)
 
 
-@pytest.mark.assertion_metrics("bad_starts")
+@pytest.mark.assertions_per("bad_starts")
 def test_bad_starts(qualifier: Qualifier, scenario_name: str, candidate: str, assertion_id: str,
                     record_property: RecordProperty) -> None:
     """Not shown to have more bad starts than the baseline: a user of the build pays for every start."""

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from cache_qualify.lab.transport import LocalTransport, Transport
-from cache_qualify.plugin import deal_by_group, tag_xdist_groups
+from cache_qualify.session.xdist import deal_by_group, tag_xdist_groups
 from tests.httpfixtures import StubServer
 
 if TYPE_CHECKING:  # paramiko is imported only by sessions that use SSH
@@ -48,8 +49,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Start building the row-cache kernels ahead of time (xdist's controller, before its workers,
     or the one process without them): its parts side by side, about 12 s on two cores, while the
-    workers start and collect; `pytest_runtestloop` waits for it before the first test. A fresh
-    checkout has no build; left to the first ranks, every rank till it was done would import
+    workers start and collect; `pytest_runtestloop` waits for it before the first test. They go to
+    the suite's cache folder (`suite_cache_folder`), where a fresh checkout (or a change of the
+    kernel's sources) finds no build; left to the first ranks, every rank till it was done would import
     numba (0.3 s more CPU each) and the first ones compile the jitted kernels (5 s each): on the
     suite's two cores, with its busiest tests at the front, that cost about 60 s of CPU. A build
     that fails is noted (`cache_qualify.sim.aot`) and the ranks use the jitted kernels, as on a
@@ -58,22 +60,24 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return
     _write_bytecode()
     _one_blas_thread()
+    _the_suites_cache_folder()
     from cache_qualify.sim import aot
 
-    if all(path.exists() for path in aot.module_paths(aot.stamp())) or aot.failed_note() is not None:
+    folder = aot.default_folder()
+    if all(path.exists() for path in aot.module_paths(aot.stamp(), folder)) or aot.failed_note(folder) is not None:
         return
-    aot.FOLDER.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     # the build holds this lock till it exits (an inherited descriptor): whoever runs the tests
     # waits on it, whether or not it saw the build start
-    with open(aot.FOLDER / _BUILDING, "a") as building, \
-            open(aot.FOLDER / "rowcache_kernels.log", "ab") as log:   # where a rank's build logs too
+    with open(folder / _BUILDING, "a") as building, \
+            open(folder / "rowcache_kernels.log", "ab") as log:   # where a rank's build logs too
         try:
             fcntl.flock(building, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return   # another session in this checkout is building them: its build is the one waited for
+            return   # another session is building them: its build is the one waited for
         session.config.stash[KERNEL_BUILD] = subprocess.Popen(
-            [sys.executable, "-m", "cache_qualify.sim.aot", "--nice", "0"], stdin=subprocess.DEVNULL,
-            stdout=log, stderr=log, pass_fds=(building.fileno(),), start_new_session=True)
+            [sys.executable, "-m", "cache_qualify.sim.aot", "--nice", "0", "--folder", str(folder)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(building.fileno(),), start_new_session=True)
 
 
 _BUILDING = "rowcache_kernels.session"   # beside the kernels; locked while this session builds them
@@ -91,7 +95,7 @@ def pytest_runtestloop(session: pytest.Session) -> None:
         return
     from cache_qualify.sim import aot
 
-    path = aot.FOLDER / _BUILDING
+    path = aot.default_folder() / _BUILDING
     if not path.exists():
         return
     deadline = time.monotonic() + _BUILD_WAIT_S
@@ -125,6 +129,26 @@ def _write_bytecode() -> None:
     the checkout ignores."""
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
+
+
+def suite_cache_folder() -> Path:
+    """The suite's cache folder (`cache_qualify.cachedir`): outside the checkout, so that the
+    checkout stays clean, and not the user's ~/.cache, which a CI machine's tests must not fill;
+    kept from one session to the next, so a session builds the kernels only when their sources
+    change. Sessions of several checkouts may share it: every file in it is keyed by what it
+    was made from (see cachedir)."""
+    return Path(tempfile.gettempdir()) / f"cache-qualify-tests-{os.getuid()}"
+
+
+def _the_suites_cache_folder() -> None:
+    """Point every process of the session at the suite's cache folder (a folder the environment
+    already names is kept): set before xdist starts its workers, as `_write_bytecode`, so they,
+    the simulated ranks and every run the tests start use it, and so do ranks reached through the
+    tests' sshd instances (`tests.sshd` passes it on)."""
+    from cache_qualify import cachedir
+
+    os.environ.setdefault(cachedir.ENV, str(suite_cache_folder()))
+    cachedir.configure()
 
 
 def _one_blas_thread() -> None:

@@ -25,6 +25,7 @@ import numpy as np
 from cache_qualify.history.changes import ALPHA, change_points
 from cache_qualify.report.rundata import load_run, merged_verdicts
 from cache_qualify.samples import runfolder
+from cache_qualify.samples.records import BuildRecord, Plan
 from cache_qualify.samples.store import ALL, OK, SampleStore, TrialRow
 
 STARTS = 4          # per run and build: the default scenario's trials
@@ -108,9 +109,11 @@ def write_run(reports: Path, run_id: str, created: datetime, values: dict[str, S
     hosts), written by the suite's own writers; its builds were made from `ref`."""
     run_dir = reports / run_id
     builds = list(values)
-    runfolder.create(run_dir, {"run_id": run_id, "seed": 0, "lab": "simulated-gb10", "baseline": builds[0],
-                               "candidate": builds[-1], "scenarios": [SCENARIO],
-                               "created": created.isoformat(timespec="seconds")})
+    roles = {builds[0]: "baseline", builds[-1]: "candidate"}
+    runfolder.create(run_dir, Plan(run_id=run_id, seed=0, lab="simulated-gb10", baseline=builds[0],
+                                   candidates=(builds[-1],), scenarios=(SCENARIO,),
+                                   created=created.isoformat(timespec="seconds"),
+                                   builds={b: BuildRecord(b, roles[b], ref=ref) for b in builds}))
     store = SampleStore(run_dir)
     store.create()
     for build, starts in values.items():
@@ -122,12 +125,10 @@ def write_run(reports: Path, run_id: str, created: datetime, values: dict[str, S
             stamp = (created + timedelta(seconds=trial)).isoformat(timespec="milliseconds")
             store.add_trial(TrialRow(run_id, SCENARIO, build, trial, trial, builds.index(build), attempt, OK, "",
                                      1.0, 41_300, stamp, stamp))
-    (run_dir / f"verdicts-{SCENARIO}.json").write_text("[]\n", encoding="utf-8")
-    roles = {builds[0]: "baseline", builds[-1]: "candidate"}
-    (run_dir / "provenance.json").write_text(json.dumps(
-        {"run_id": run_id, "builds": {b: {"role": roles[b], "ref": ref, "flags": []} for b in builds}}),
-        encoding="utf-8")
-    (run_dir / "verdicts.json").write_text(json.dumps(merged_verdicts(load_run(run_dir))), encoding="utf-8")
+    runfolder.write_verdicts(run_dir, SCENARIO, [])
+    run = load_run(run_dir)
+    runfolder.write_outcome(run_dir, run.decision)
+    runfolder.write_merged_verdicts(run_dir, merged_verdicts(run))
     return run_dir
 
 

@@ -1,5 +1,6 @@
 """A throwaway PostgreSQL server for the history's tests: the distribution's binaries, a cluster in a
-temporary folder, trust authentication on a loopback port, stopped (and its folder removed) afterwards.
+temporary folder, trust authentication on a loopback port (a password for the roles `create_login`
+makes), stopped (and its folder removed) afterwards.
 
 PostgreSQL refuses to run as root, so as root the cluster belongs to the `postgres` user the Debian
 package creates. Missing binaries fail the test with the install hint; they are never a skip.
@@ -19,12 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+import psycopg.sql
 import pytest
 
 from cache_qualify.lab.control import free_port
 
 INSTALL_HINT = "install PostgreSQL from the distribution: apt-get install -y postgresql"
 SUPERUSER = "qualify"
+PASSWORD_ROLE = "password_login"  # its members log in with a password (scram-sha-256), every other role is trusted
 
 
 def binaries() -> Path:
@@ -48,6 +51,19 @@ class Postgres:
                              autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')  # a name the test chose, not input
         return self.url(name)
+
+    def create_login(self, user: str, password: str) -> str:
+        """A role that logs in with `password` only, and a database of its own; its SQLAlchemy URL (with
+        the password, as a lab engineer types it)."""
+        with psycopg.connect(host="127.0.0.1", port=self.port, user=SUPERUSER, dbname="postgres",
+                             autocommit=True) as conn:
+            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (PASSWORD_ROLE,)).fetchone() is None:
+                conn.execute(f'CREATE ROLE "{PASSWORD_ROLE}" NOLOGIN')
+            conn.execute(psycopg.sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
+                psycopg.sql.Identifier(user), psycopg.sql.Literal(password), psycopg.sql.Identifier(PASSWORD_ROLE)))
+            conn.execute(psycopg.sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                psycopg.sql.Identifier(user), psycopg.sql.Identifier(user)))
+        return f"postgresql://{user}:{password}@127.0.0.1:{self.port}/{user}"
 
 
 def _as_owner(args: list[str], owner: str | None) -> list[str]:
@@ -79,6 +95,8 @@ def postgres_server() -> Iterator[Postgres]:
     try:
         try:
             run(bin_dir / "initdb", "-D", data, "-A", "trust", "-U", SUPERUSER, "--no-sync")
+            rules = data / "pg_hba.conf"  # the first matching line decides: password roles first
+            rules.write_text(f"host all +{PASSWORD_ROLE} 127.0.0.1/32 scram-sha-256\n" + rules.read_text())
             run(bin_dir / "pg_ctl", "-D", data, "-l", log, "-w", "-t", "60", "-o",
                 f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
         except subprocess.CalledProcessError as exc:

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from cache_qualify import cachedir
 from cache_qualify.lab.transport.ssh import JumpHost, SshOptions
 
 SSHD = Path("/usr/sbin/sshd")
@@ -117,6 +118,13 @@ class SshdInstance:
         public = self.host_key.with_suffix(".pub").read_text().split()
         return f"[{self.address}]:{self.port} {public[0]} {public[1]}\n"
 
+    @staticmethod
+    def _environment() -> list[str]:
+        """sshd hands its sessions a clean environment: the suite's cache folder (tests/conftest.py)
+        is passed on, so a simulated rank started over SSH on this machine uses it, as a local one."""
+        folder = os.environ.get(cachedir.ENV)
+        return [f"SetEnv {cachedir.ENV}={folder}"] if folder else []
+
     def _write_config(self) -> Path:
         config = self.workdir / "sshd_config"
         # sshd keeps the first value of a keyword: the extra lines win
@@ -127,7 +135,7 @@ class SshdInstance:
             "PasswordAuthentication no", "KbdInteractiveAuthentication no",
             "PermitRootLogin prohibit-password", "StrictModes no", "UsePAM no",
             "AllowTcpForwarding yes", "UseDNS no", "PrintMotd no", "PrintLastLog no",
-            "MaxStartups 100", "MaxSessions 50", "LogLevel VERBOSE", "",
+            "MaxStartups 100", "MaxSessions 50", "LogLevel VERBOSE", *self._environment(), "",
         ]))
         return config
 

@@ -24,6 +24,7 @@ import pytest
 from cache_qualify.config.inventory import load_inventory
 from cache_qualify.errors import PlanError, RecordedError
 from cache_qualify.qualification import Qualifier, RunOptions
+from cache_qualify.config.profiles import resolve
 from cache_qualify.report.consistency import counter_problems
 from cache_qualify.samples.store import SampleStore
 from tests.labfixtures import (REPO, inventory_port, run_qualify, small_scenario, small_scenario_option,
@@ -42,7 +43,7 @@ def measured_once(run_dir: Path) -> None:
     the combined row (two measurements on two groups would sum to twice it)."""
     counts = collections.Counter((r["scenario"], r["build"], r["trial"]) for r in rows(run_dir / "trials.csv"))
     assert len(counts) == TRIALS and set(counts.values()) == {1}, counts
-    assert counter_problems(SampleStore(run_dir), SCENARIO) == []
+    assert counter_problems(SampleStore(run_dir), SCENARIO, resolve("flare")) == []
 
 
 def test_two_workers_asking_for_one_scenario_at_once_measure_it_once(tmp_path: Path) -> None:

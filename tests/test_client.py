@@ -6,6 +6,7 @@ usage counts the prompt actually posted; each test bends one part of it.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,7 @@ from tests.httpfixtures import Reply, Request, StubServer, json_reply
 HOST = "127.0.0.21"
 PATH = "/v1/completions"
 PROMPT = list(range(1_000, 1_010))
+CACHED = "usage.prompt_tokens_details.cached_tokens"   # the flare profile's `prefix_cached`
 
 
 def completion(prompt_tokens: int, *, cached: int = 0, top: int = 20,
@@ -58,10 +60,10 @@ def client_for(server: StubServer, **options: Any) -> CompletionsClient:
 
 def test_a_good_response_gives_its_usage_and_duration(rank0: StubServer) -> None:
     with client_for(rank0) as client:
-        result = client.complete("A", PROMPT)
-    assert result == CompletionResult(request="A", prompt_tokens=10, cached_tokens=0,
-                                      completion_tokens=1, duration_s=result.duration_s,
-                                      finish_reason="length")
+        result = client.complete("A", PROMPT, fields=("usage.total_tokens",), forbid_cached=CACHED)
+    assert result == CompletionResult(request="A", prompt_tokens=10, completion_tokens=1,
+                                      duration_s=result.duration_s, finish_reason="length",
+                                      fields={"usage.total_tokens": 11.0, CACHED: 0.0})
     assert 0.05 <= result.duration_s < 5  # client-side, includes the server's 50 ms
     [request] = rank0.requests
     assert request.method == "POST" and request.path == PATH
@@ -94,14 +96,16 @@ def _without(document: dict[str, Any], *path: str | int) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("document", "problem"), [
     (_without(completion(10), "usage", "prompt_tokens_details", "cached_tokens"),
-     r"usage\.prompt_tokens_details\.cached_tokens: Field required"),
+     r"usage\.prompt_tokens_details\.cached_tokens is missing, and the suite reads it"),
     (_without(completion(10), "usage", "prompt_tokens_details"),
-     r"usage\.prompt_tokens_details: Field required"),
+     r"usage\.prompt_tokens_details\.cached_tokens is missing, and the suite reads it"),
+    ({**completion(10), "usage": {**completion(10)["usage"], "prompt_tokens_details": {"cached_tokens": "0"}}},
+     r"usage\.prompt_tokens_details\.cached_tokens is '0', expected a finite number"),
     (_without(completion(10), "usage"), r"usage: Field required"),
     ({**completion(10), "choices": []}, r"choices: List should have at least 1 item"),
     (completion(10, logprobs=False), r"choices\.0\.logprobs is missing, expected logprobs with "
                                      r"top_logprobs of 20 entries"),
-    (completion(10, top=5), r"top_logprobs\.0 has 5 entries, expected 20"),
+    (completion(10, top=5), r"choices\.0\.logprobs: token 0 has 5 alternatives, expected 20"),
     (completion(9), r"usage\.prompt_tokens is 9, expected 10 \(the number of prompt tokens sent\)"),
     ({**completion(10), "usage": {**completion(10)["usage"], "prompt_tokens": "10"}},
      r"usage\.prompt_tokens: Input should be a valid integer"),
@@ -112,7 +116,7 @@ def test_a_malformed_response_names_host_and_what_is_wrong(
     with client_for(rank0) as client:
         with pytest.raises(InvalidResponse, match=r"^host 127\.0\.0\.21 rank 0: request 'A': "
                                                   r"malformed completions response: .*" + problem):
-            client.complete("A", PROMPT)
+            client.complete("A", PROMPT, forbid_cached=CACHED)
 
 
 def test_a_body_that_is_not_json_is_malformed(rank0: StubServer) -> None:
@@ -129,7 +133,43 @@ def test_cached_tokens_mean_prefix_reuse_and_an_invalid_trial(rank0: StubServer)
                                               r"the server reports 8 of 10 prompt tokens as cached"
                                               r".*Prefix-cache reuse means the request did not "
                                               r"read its rows .* so the trial is invalid"):
-            client.complete("A, new start", PROMPT)
+            client.complete("A, new start", PROMPT, forbid_cached=CACHED)
+
+
+def test_where_prefix_reuse_is_measured_cached_tokens_are_a_figure(rank0: StubServer) -> None:
+    rank0.serve(PATH, json_reply(completion(len(PROMPT), cached=8)))
+    with client_for(rank0) as client:
+        result = client.complete("A, again", PROMPT, fields=(CACHED, "timings.prompt_ms"))
+    assert result.fields[CACHED] == 8
+    assert math.isnan(result.fields["timings.prompt_ms"])   # not given by this server: recorded as NaN
+    with client_for(rank0) as client:
+        with pytest.raises(InvalidResponse, match=r"timings\.prompt_ms is missing, and the suite reads it"):
+            client.complete("A", PROMPT, fields=("timings.prompt_ms",), required=("timings.prompt_ms",))
+
+
+def llama_server_completion(prompt_tokens: int, *, top: int = 20) -> dict[str, Any]:
+    """A completion shaped as llama.cpp's server answers: chat-shaped logprobs, timings."""
+    tops = [{"id": 100 + i, "token": f" t{i}", "bytes": [32, 116], "logprob": -0.5 - i} for i in range(top)]
+    choice = {"text": " t0", "index": 0, "finish_reason": "length",
+              "logprobs": {"content": [{"id": 100, "token": " t0", "bytes": [32], "logprob": -0.5,
+                                        "top_logprobs": tops}]}}
+    return {"choices": [choice], "object": "text_completion", "model": "tiny",
+            "usage": {"completion_tokens": 1, "prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + 1,
+                      "prompt_tokens_details": {"cached_tokens": 4}},
+            "timings": {"cache_n": 4, "prompt_n": prompt_tokens - 4, "prompt_ms": 12.5}}
+
+
+def test_chat_shaped_logprobs_and_response_timings_are_read(rank0: StubServer) -> None:
+    rank0.serve(PATH, json_reply(llama_server_completion(len(PROMPT))))
+    with client_for(rank0) as client:
+        result = client.complete("A", PROMPT, fields=("timings.prompt_ms", "timings.cache_n"))
+    assert result.fields == {"timings.prompt_ms": 12.5, "timings.cache_n": 4.0}
+    rank0.serve(PATH, json_reply(llama_server_completion(len(PROMPT), top=3)))
+    with client_for(rank0) as client:
+        with pytest.raises(InvalidResponse, match=r"choices\.0\.logprobs: token 0 has 3 alternatives, "
+                                                  r"expected 20 \(asked for logprobs=20\)"):
+            client.complete("A", PROMPT)
+        assert client.complete("A", PROMPT, logprobs=None).prompt_tokens == len(PROMPT)   # logprobs optional
 
 
 def test_a_hung_rank_0_times_out_naming_host_and_timeout(rank0: StubServer) -> None:

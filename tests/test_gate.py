@@ -92,9 +92,26 @@ def test_two_choice_beats_set4_at_1g(default_run: QualifyRun) -> None:
     assert case(run, "bad_starts-no_excess[starts]")[0] == "passed"
     assert run.reading_rule_violations() == []
     run_dir = run.run_dir()
-    for produced in ("summary.md", "verdicts.json", "samples.csv", "trials.csv", "junit.xml", "provenance.json"):
+    for produced in ("summary.md", "verdicts.json", "samples.csv", "trials.csv", "junit.xml", "provenance.json",
+                     "outcome.json"):
         assert (run_dir / produced).is_file(), produced
     assert "summary:" in run.output and "two_choice" in run.output
+
+
+@ON_THE_DEFAULT_RUN
+def test_the_run_exits_with_the_outcome_it_recorded_and_junit_shows_it(default_run: QualifyRun) -> None:
+    """One decision: outcome.json's exit status is the run's, and JUnit's test suite carries it (output only)."""
+    import json
+    import xml.etree.ElementTree as ET
+
+    recorded = json.loads((default_run.run_dir() / "outcome.json").read_text(encoding="utf-8"))
+    assert (recorded["overall"], recorded["exit_status"], recorded["errors"]) == ("pass", default_run.returncode, [])
+    assert [c["outcome"] for c in recorded["scenarios"][0]["candidates"]] == ["pass"]
+    suite = ET.parse(default_run.run_dir() / "junit.xml").getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    assert suite is not None
+    properties = {p.get("name"): p.get("value") for p in suite.findall("properties/property")}
+    assert properties == {"run_outcome": "pass", "exit_status": "0", "mode": "gate", "outcome[reread-1g]": "pass"}
 
 
 @ON_THE_DEFAULT_RUN

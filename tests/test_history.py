@@ -8,11 +8,13 @@ qualifications writing the history live are in tests/test_history_runs.py.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,7 +66,8 @@ def test_import_twice_gives_the_same_database(tmp_path: Path, history_url: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     rng = np.random.default_rng(3)
     folders = history_sim.write_series(tmp_path / "reports", history_sim.quiet_series(rng, 3))
-    (folders[-1] / "verdicts.json").unlink()  # the last run never ended: unfinished
+    for rendered in ("outcome.json", "verdicts.json"):  # what a run's end writes: the last one never ended
+        (folders[-1] / rendered).unlink()
     names = [str(f) for f in folders] + [str(tmp_path / "reports" / "history.sqlite")]  # as reports/* would
     first = cli(capsys, "history", "import", "--history", history_url, *names)
     assert "run000: 4 new trial(s)" in first and "history.sqlite: skipped" in first
@@ -120,6 +123,88 @@ def test_two_writers_at_once_both_land_complete(tmp_path: Path, history_url: str
     assert sorted(str(r["run_id"]) for r in runs) == sorted(f.name for folders in groups for f in folders)
     assert all(r["trials"] == 4 for r in runs), runs
     assert sorted(values.groupby("build").size().items()) == [("set4", 24), ("two_choice", 24)]
+
+
+LIVE_TRIALS = 200
+HOSTS = (("gb10-a", 0), ("gb10-b", 1), ("gb10-c", 2))
+METRICS = ("hits", "misses", "evictions", "rows_added", "refused_inserts", "hit_rate", "readiness_wait_ns",
+           "resident_rows", "capacity_rows", "client_time_s")
+
+
+def _trial_values(rng: np.random.Generator) -> list[tuple[str, str, int, str, float]]:
+    """One trial's samples as the runner hands them over: the start's, then per request every host's
+    and all hosts' figures (the default scenario's five requests on three hosts)."""
+    values: list[tuple[str, str, int, str, float]] = [("startup", h, r, "kv_pages", 41_300.0) for h, r in HOSTS]
+    for request in ("A", "A-new-start", "B", "B-new-start", "A-third-read"):
+        values += [(request, h, r, m, float(rng.random())) for h, r in (*HOSTS, ("all", -1)) for m in METRICS]
+    return values
+
+
+def test_a_run_records_each_trial_as_it_ends_in_the_same_time(tmp_path: Path) -> None:
+    """200 trials recorded live, as a qualification ends each: the same statements for every trial after
+    the first (which makes the schema and the run's row), and the CPU time of the last 50 within 1.5
+    times the first 50's (the CPU time of this thread, in which SQLite does the work: a loaded machine
+    stretches wall time, not this; the collector is held off, its pauses depend on the whole process's
+    objects, not on the history); the builds' refs come from the plan."""
+    from cache_qualify.history.recorder import Recorder
+    from cache_qualify.samples import runfolder
+    from cache_qualify.samples.records import BuildRecord, Plan
+    from cache_qualify.samples.store import OK, TrialRow, new_attempt
+
+    run_dir = tmp_path / "reports" / "live"
+    runfolder.create(run_dir, Plan(run_id="live", seed=1, lab="lab", baseline="set4", candidates=("two_choice",),
+                                   scenarios=("reread-1g",), builds={
+                                       "set4": BuildRecord("set4", "baseline", "bin/a", "bbad44fe", ("-x",)),
+                                       "two_choice": BuildRecord("two_choice", "candidate", "bin/b", "0572fd12")}))
+    url = default_url(tmp_path / "reports")
+    recorder = Recorder(url, run_dir)
+    statements = [0]
+
+    def count(*args: object) -> None:
+        statements[0] += 1
+
+    rng = np.random.default_rng(0)
+    per_trial: list[tuple[int, float]] = []
+    sa.event.listen(sa.Engine, "before_cursor_execute", count)
+    gc.disable()
+    try:
+        for trial in range(LIVE_TRIALS):
+            build = ("set4", "two_choice")[trial % 2]
+            row = TrialRow("live", "reread-1g", build, trial // 2, trial // 2, trial % 2, new_attempt(), OK, "",
+                           0.5, 41_300, "2026-01-01T00:00:00.000+00:00", "2026-01-01T00:00:01.000+00:00")
+            values = _trial_values(rng)
+            before, started = statements[0], time.thread_time()
+            recorder.trial_finished(row, values, host_group="default")
+            per_trial.append((statements[0] - before, time.thread_time() - started))
+    finally:
+        gc.enable()
+        sa.event.remove(sa.Engine, "before_cursor_execute", count)
+    assert recorder.problem is None
+    counts = [n for n, _ in per_trial]
+    assert len(set(counts[1:])) == 1, counts
+    first, last = sum(t for _, t in per_trial[1:51]), sum(t for _, t in per_trial[-50:])
+    assert last <= 1.5 * first, (first, last)
+    with History(url) as history:
+        (run,) = history.runs()
+        assert (run["run_id"], run["trials"], run["finished"], run["outcome"]) == ("live", LIVE_TRIALS, False,
+                                                                                 "unfinished")
+        dump = history.dump()
+    assert len(dump["trial_values"]) == LIVE_TRIALS * len(_trial_values(rng))
+    assert sorted((row[1], row[3], row[4]) for row in dump["builds"]) == [("set4", "bbad44fe", ["-x"]),
+                                                                          ("two_choice", "0572fd12", [])]
+
+
+def test_a_history_that_cannot_be_written_is_reported_and_the_run_goes_on(tmp_path: Path) -> None:
+    from cache_qualify.history.recorder import Recorder
+    from cache_qualify.samples.store import OK, TrialRow
+
+    run_dir = tmp_path / "reports" / "no-plan"
+    run_dir.mkdir(parents=True)
+    recorder = Recorder(default_url(tmp_path / "reports"), run_dir)
+    row = TrialRow("no-plan", "reread-1g", "set4", 0, 0, 0, "a1", OK, "", 0.5, 1, "t", "t")
+    recorder.trial_finished(row, [], host_group=None)  # no plan to record the run from: said, not raised
+    assert recorder.problem is not None and "after trial 1 of set4" in recorder.problem
+    assert "plan.json does not exist" in recorder.problem
 
 
 @pytest.fixture(scope="module")

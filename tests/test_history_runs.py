@@ -110,3 +110,30 @@ def test_killed_runner_is_unfinished_until_resumed_sqlite(tmp_path: Path) -> Non
     # no --history: the default, reports/history.sqlite under the working folder
     listed = sorted((str(r["run_id"]), r["outcome"], r["trials"], r["finished"]) for r in runs_json(None, tmp_path))
     assert listed == [("killed", "pass", TRIALS, True), ("other", "pass", TRIALS, True)], listed
+
+
+URL_PASSWORD, ENV_PASSWORD = "S3cretPW", "Env5ecretPW"
+
+
+def test_no_password_reaches_the_run_folder_the_history_or_the_output(tmp_path: Path, postgres: Postgres) -> None:
+    """A history URL with a password, and PGPASSWORD in the environment: the run connects with them and
+    shows, records and writes the masked URL only (plan, provenance, summary, JUnit, logs, the history's
+    rows, the terminal)."""
+    url = postgres.create_login("labuser", URL_PASSWORD)
+    reports = tmp_path / "reports"
+    run = run_qualify(lab(tmp_path, "secret"), reports, "--run-id", "secret", "--history", url,
+                      *small_scenario_option(tmp_path, SCENARIO), *OPTIONS, env={"PGPASSWORD": ENV_PASSWORD})
+    assert run.returncode == 0, run.output
+    shown = f"postgresql://labuser:***@127.0.0.1:{postgres.port}/labuser"
+    assert f"history: {shown}" in run.output
+    plan = json.loads((reports / "secret" / "plan.json").read_text(encoding="utf-8"))
+    assert plan["history"] == shown and f"--history {shown}" in " ".join(plan["command"])
+    files = [p for p in reports.rglob("*") if p.is_file()]
+    assert any(p.name == "junit.xml" for p in files) and any(p.suffix == ".log" for p in files)
+    with History(postgres.url("labuser")) as history:  # the superuser reads what the run wrote
+        rows = history.dump()
+    assert len(rows["trials"]) == TRIALS
+    for secret in (URL_PASSWORD, ENV_PASSWORD):
+        assert secret not in run.output
+        assert [p for p in files if secret.encode() in p.read_bytes()] == []
+        assert secret not in repr(rows)

@@ -18,7 +18,6 @@ from cache_qualify.errors import InventoryError
 from cache_qualify.config.inventory import (Host, Inventory, check_address, inventory_hash, json_schema, load_inventory,
                                 render_argv, render_command)
 from cache_qualify.config import yamlsource
-from cache_qualify.config.metricnames import MetricNames
 from cache_qualify.config.scenario import SCENARIO_DIR
 from cache_qualify.config.yamlsource import load_yaml
 from tests.labfixtures import REPO, edited, write_file
@@ -67,7 +66,7 @@ def test_base_inventory_is_valid(tmp_path: Path) -> None:
     assert inventory.hosts[0].transport == "ssh"
     assert inventory.ssh.jump is not None and inventory.ssh.jump.port == 2222
     assert inventory.build("set4").flags == ("--x", "1")
-    assert inventory.server.readiness.path == "/health"
+    assert inventory.server.readiness.path is None and inventory.measurement.readiness_path == "/health"
     assert "sudo -n" in inventory.server.drop_caches
 
 
@@ -246,13 +245,20 @@ def test_reserved_group_name(tmp_path: Path) -> None:
         load_inventory(write(tmp_path, text))
 
 
-def test_metric_names_overrides(tmp_path: Path) -> None:
-    text = edit("builds:\n", "metrics: {hits: rc_hits_total}\nbuilds:\n")
-    names = load_inventory(write(tmp_path, text)).metric_names()
-    assert names == MetricNames(hits="rc_hits_total")
+def test_metrics_renames_written_before_measurements_still_load(tmp_path: Path) -> None:
+    text = edit("builds:\n", "metrics: {hits: rc_hits_total, refused_inserts: rc_refused_total}\nbuilds:\n")
+    model = load_inventory(write(tmp_path, text)).measurement
+    assert model.quantities["hits"].spec.counter == "rc_hits_total"
+    assert model.quantities["refused_exported"].spec.counter == "rc_refused_total"
+    assert model.quantities["hits"].unit == "rows" and model.quantities["misses"].spec.counter == (
+        "flare_engram_row_cache_misses_total")
     text = edit("builds:\n", "metrics: {kv_pages: other_pages}\nbuilds:\n")
     with pytest.raises(InventoryError, match=r"metrics\.kv_pages: expected the same name as "
                        r"server\.kv_pages\.metric \('flare_kv_cache_pages'\), found 'other_pages'"):
+        load_inventory(write(tmp_path, text))
+    text = edit("builds:\n", "metrics: {hits: rc_hits_total}\nmeasurements: {hits: {counter: x_total}}\nbuilds:\n")
+    with pytest.raises(InventoryError, match=r"measurements\.hits: hits is also given under `metrics`; give it "
+                                             r"once, under `measurements:`"):
         load_inventory(write(tmp_path, text))
 
 
@@ -534,3 +540,32 @@ def test_a_missing_named_ssh_config_is_one_line_at_load(tmp_path: Path) -> None:
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode == 4, run.stdout + run.stderr
     assert (run.stdout + run.stderr).count(f"the ssh config file {missing} does not exist") == 1, run.stdout + run.stderr
+
+
+def test_the_default_drop_needs_no_sudo_as_root_and_asks_sudo_n_otherwise() -> None:
+    """Run for real: as root (the test session's user) it writes the file itself, so a host without
+    sudo drops its caches; as another user it goes through `sudo -n` (here a stand-in sudo on PATH
+    that records its arguments and refuses, as sudo does without a NOPASSWD line)."""
+    import os
+    import subprocess
+    import tempfile
+
+    from cache_qualify.config.inventory import DEFAULT_DROP_CACHES
+
+    assert os.geteuid() == 0, "the suite's tests run as root"
+    with tempfile.TemporaryDirectory(prefix="cq-sudo-") as folder:   # one another user can enter
+        os.chmod(folder, 0o755)
+        fake, calls = Path(folder) / "sudo", Path(folder) / "sudo-calls"
+        fake.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" >> {calls}\necho 'sudo: a password is required' >&2\n"
+                        "exit 1\n", encoding="utf-8")
+        fake.chmod(0o755)
+        calls.touch()
+        calls.chmod(0o666)
+        env = {"PATH": f"{folder}:/usr/bin:/bin"}
+        as_root = subprocess.run(["sh", "-c", DEFAULT_DROP_CACHES], env=env, capture_output=True, text=True)
+        assert as_root.returncode == 0, as_root.stderr
+        assert calls.read_text(encoding="utf-8") == ""
+        as_nobody = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
+                                    DEFAULT_DROP_CACHES], env=env, capture_output=True, text=True)
+        assert as_nobody.returncode != 0 and "a password is required" in as_nobody.stderr
+        assert calls.read_text(encoding="utf-8") == "-n tee /proc/sys/vm/drop_caches\n"

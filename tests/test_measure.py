@@ -30,19 +30,28 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 
 from cache_qualify.errors import CounterReset, MeasureError, MetricMissing, MetricsUnreadable
 from cache_qualify.lab.server import MetricsEndpoint
-from cache_qualify.trials.measure import (
-    HostDelta,
-    MetricScraper,
-    Snapshot,
-    combine,
-    delta,
-    parse_metrics,
-    read_gauge,
-)
-from cache_qualify.config.metricnames import MetricNames
+from cache_qualify.config.profiles import resolve
+from cache_qualify.trials.figures import Figures, combine, delta
+from cache_qualify.trials.measure import MetricScraper, Snapshot, parse_metrics, read_gauge
 from tests.httpfixtures import OPENMETRICS_TEXT, Reply, StubServer
 
-NAMES = MetricNames()
+MODEL = resolve("flare")
+
+
+def _sample(quantity: str) -> str:
+    spec = MODEL.quantities[quantity].spec
+    name = spec.counter or spec.gauge
+    assert name is not None
+    return name
+
+
+class NAMES:
+    """The flare profile's sample names, as a flare server exports them."""
+
+    hits, misses, evictions, inserts = (_sample(q) for q in ("hits", "misses", "evictions", "inserts"))
+    refused_inserts, resident_rows, capacity_rows = (_sample(q) for q in ("refused_exported", "resident_rows",
+                                                                          "capacity_rows"))
+    readiness_wait_ns, kv_pages = _sample("readiness_wait_ns"), _sample("kv_pages")
 HOSTS = ("127.0.0.11", "127.0.0.12", "127.0.0.13")
 
 
@@ -179,7 +188,7 @@ def test_openmetrics_gives_the_same_values_by_content_type_or_by_eof() -> None:
     body = openmetrics_reply(AFTER).payload().decode()
     assert body.rstrip().endswith("# EOF")
     by_eof = parse_metrics(body, content_type="text/plain", host="h")
-    for name in NAMES.required():
+    for name in MODEL.required_metrics():
         for table in ("0", "1") if name != NAMES.readiness_wait_ns else ("",):
             assert by_type[(name, table)] == by_eof[(name, table)] == plain[(name, table)]
 
@@ -269,7 +278,7 @@ def test_damaged_text_parses_or_is_unreadable_never_anything_else(
 
 def test_snapshot_all_reads_every_host_in_order(three_hosts: list[StubServer]) -> None:
     three_hosts[2].serve("/metrics", openmetrics_reply(AFTER))
-    with MetricScraper(endpoints_of(three_hosts), NAMES) as scraper:
+    with MetricScraper(endpoints_of(three_hosts), MODEL) as scraper:
         first = scraper.snapshot_all()
         second = scraper.snapshot_all()
     assert [(s.host, s.rank) for s in first] == [(h, r) for r, h in enumerate(HOSTS)]
@@ -291,7 +300,7 @@ def test_snapshot_all_reads_every_host_in_order(three_hosts: list[StubServer]) -
 def test_a_bad_answer_names_host_rank_and_cause(three_hosts: list[StubServer], reply: Reply,
                                                  cause: str) -> None:
     three_hosts[1].serve("/metrics", reply)
-    with MetricScraper(endpoints_of(three_hosts), NAMES) as scraper:
+    with MetricScraper(endpoints_of(three_hosts), MODEL) as scraper:
         with pytest.raises(MetricsUnreadable, match=r"^host 127\.0\.0\.12 rank 1: .*" + cause) as raised:
             scraper.snapshot_all()
     assert raised.value.answered   # the rank was serving: nothing to wait for before saying so
@@ -299,7 +308,7 @@ def test_a_bad_answer_names_host_rank_and_cause(three_hosts: list[StubServer], r
 
 def test_connection_refused_names_host_and_rank(three_hosts: list[StubServer]) -> None:
     three_hosts[2].stop()
-    with MetricScraper(endpoints_of(three_hosts), NAMES) as scraper:
+    with MetricScraper(endpoints_of(three_hosts), MODEL) as scraper:
         with pytest.raises(MetricsUnreadable,
                            match=r"^host 127\.0\.0\.13 rank 2: cannot connect to http://127\.0\.0"
                                  r"\.13:\d+/metrics .*is the process running") as raised:
@@ -310,7 +319,7 @@ def test_connection_refused_names_host_and_rank(three_hosts: list[StubServer]) -
 def test_timeout_names_host_rank_and_timeout(three_hosts: list[StubServer]) -> None:
     three_hosts[0].serve("/metrics", Reply(body="x 1\n", delay_s=5))
     started = time.perf_counter()
-    with MetricScraper(endpoints_of(three_hosts), NAMES, timeout_s=0.3) as scraper:
+    with MetricScraper(endpoints_of(three_hosts), MODEL, timeout_s=0.3) as scraper:
         with pytest.raises(MetricsUnreadable,
                            match=r"^host 127\.0\.0\.11 rank 0: no complete answer .* within 0\.3 s"):
             scraper.snapshot_all()
@@ -319,7 +328,7 @@ def test_timeout_names_host_rank_and_timeout(three_hosts: list[StubServer]) -> N
 
 def test_missing_required_metric_names_metric_and_host(three_hosts: list[StubServer]) -> None:
     three_hosts[2].serve("/metrics", prometheus_reply(HostState(omit=frozenset({NAMES.misses}))))
-    with MetricScraper(endpoints_of(three_hosts), NAMES) as scraper:
+    with MetricScraper(endpoints_of(three_hosts), MODEL) as scraper:
         with pytest.raises(MetricMissing, match=r"^host 127\.0\.0\.13 rank 2: required metric "
                                                 r"'flare_engram_row_cache_misses_total' is missing"):
             scraper.snapshot_all()
@@ -328,7 +337,7 @@ def test_missing_required_metric_names_metric_and_host(three_hosts: list[StubSer
 def test_missing_readiness_wait_is_reported(three_hosts: list[StubServer]) -> None:
     omit = frozenset({NAMES.readiness_wait_ns})
     three_hosts[0].serve("/metrics", openmetrics_reply(HostState(omit=omit)))
-    with MetricScraper(endpoints_of(three_hosts), NAMES) as scraper:
+    with MetricScraper(endpoints_of(three_hosts), MODEL) as scraper:
         with pytest.raises(MetricMissing, match=r"rank 0: .*'flare_replay_readiness_wait_nano"):
             scraper.snapshot_all()
 
@@ -338,7 +347,7 @@ def test_nan_in_a_required_metric_is_unreadable(three_hosts: list[StubServer]) -
         'flare_engram_row_cache_resident_rows{table="1"} 900.0',
         'flare_engram_row_cache_resident_rows{table="1"} NaN')
     three_hosts[1].serve("/metrics", Reply(body=body))
-    with MetricScraper(endpoints_of(three_hosts), NAMES) as scraper:
+    with MetricScraper(endpoints_of(three_hosts), MODEL) as scraper:
         with pytest.raises(MetricsUnreadable, match=r"^host 127\.0\.0\.12 rank 1: required metric "
                                                     r"'flare_engram_row_cache_resident_rows'"
                                                     r"\{table=\"1\"\} is nan"):
@@ -348,7 +357,7 @@ def test_nan_in_a_required_metric_is_unreadable(three_hosts: list[StubServer]) -
 def test_snapshots_are_taken_concurrently(three_hosts: list[StubServer]) -> None:
     for server in three_hosts:
         server.serve("/metrics", Reply(body=generate_latest(registry_for(BEFORE)), delay_s=0.2))
-    with MetricScraper(endpoints_of(three_hosts), NAMES) as scraper:
+    with MetricScraper(endpoints_of(three_hosts), MODEL) as scraper:
         started = time.perf_counter()
         snapshots = scraper.snapshot_all()
         elapsed = time.perf_counter() - started
@@ -357,7 +366,7 @@ def test_snapshots_are_taken_concurrently(three_hosts: list[StubServer]) -> None
 
 
 def test_median_snapshot_of_three_hosts_is_under_50_ms(three_hosts: list[StubServer]) -> None:
-    with MetricScraper(endpoints_of(three_hosts), NAMES) as scraper:
+    with MetricScraper(endpoints_of(three_hosts), MODEL) as scraper:
         scraper.snapshot_all()  # connect once, as a trial does before its first request
         times = []
         for _ in range(40):
@@ -371,46 +380,57 @@ def test_median_snapshot_of_three_hosts_is_under_50_ms(three_hosts: list[StubSer
 
 
 def test_delta_derives_every_figure_per_table_and_host() -> None:
-    result = delta(snapshot_of(BEFORE), snapshot_of(AFTER), NAMES)
+    result = delta(snapshot_of(BEFORE), snapshot_of(AFTER), MODEL)
     assert (result.host, result.rank) == (HOSTS[0], 0)
-    t0, t1 = result.per_table["0"], result.per_table["1"]
-    assert (t0.hits, t0.misses, t0.evictions, t0.inserts, t0.rows_added) == (300, 100, 25, 60, 60)
-    assert t0.refused_inserts == 15 and t0.refused_exported is None
-    assert (t1.hits, t1.misses, t1.rows_added, t1.refused_inserts) == (150, 50, 50, 0)
-    assert (result.hits, result.misses, result.evictions) == (450, 150, 25)
-    assert (result.rows_added, result.refused_inserts) == (110, 15)
-    assert result.readiness_wait_ns == 640_000
-    assert (result.resident_rows, result.capacity_rows) == (2_010, 2 * 1_806_918)
-    assert result.hit_rate == pytest.approx(450 / 600)
-    assert t0.hit_rate == pytest.approx(300 / 400)
-    assert result.figures()["hit_rate"] == pytest.approx(0.75)
-    assert math.isnan(result.figures()["refused_exported"])
+    t0, t1 = result.table("0"), result.table("1")
+    assert [t0[q] for q in ("hits", "misses", "evictions", "inserts", "rows_added")] == [300, 100, 25, 60, 60]
+    assert t0["refused_inserts"] == 15 and "refused_exported" not in t0
+    assert [t1[q] for q in ("hits", "misses", "rows_added", "refused_inserts")] == [150, 50, 50, 0]
+    assert [result[q] for q in ("hits", "misses", "evictions", "rows_added", "refused_inserts")] == [
+        450, 150, 25, 110, 15]
+    assert result["readiness_wait_ns"] == result["readiness_wait_sum_ns"] == 640_000
+    assert (result["resident_rows"], result["capacity_rows"]) == (2_010, 2 * 1_806_918)
+    assert result["hit_rate"] == pytest.approx(450 / 600)
+    assert t0["hit_rate"] == pytest.approx(300 / 400)
+    assert math.isnan(result["refused_exported"])   # declared by the runtime, not exported by this build
+    assert result.tables == ["", "0", "1"]
 
 
 def test_a_request_without_lookups_has_no_hit_rate() -> None:
-    result = delta(snapshot_of(BEFORE), snapshot_of(BEFORE), NAMES)
-    assert result.lookups == 0 and math.isnan(result.hit_rate)
+    result = delta(snapshot_of(BEFORE), snapshot_of(BEFORE), MODEL)
+    assert result["hits"] + result["misses"] == 0 and math.isnan(result["hit_rate"])
+
+
+def test_fractional_increases_are_kept_where_the_unit_has_fractions() -> None:
+    seconds = resolve("flare", {"readiness_wait_ns": {"unit": "s"}})
+    before, after = HostState(tables=BEFORE.tables, readiness_ns=7), HostState(tables=AFTER.tables, readiness_ns=8)
+    snap = {"before": snapshot_of(before), "after": snapshot_of(after)}
+    changed = dict(snap["after"].values)
+    changed[(NAMES.readiness_wait_ns, "")] = 8.25
+    fractional = Snapshot(snap["after"].host, snap["after"].rank, snap["after"].taken_at, changed)
+    assert delta(snap["before"], fractional, seconds)["readiness_wait_ns"] == 1.25
+    assert delta(snap["before"], fractional, MODEL)["readiness_wait_ns"] == 1   # whole nanoseconds
 
 
 def test_counter_reset_between_snapshots_of_a_real_server(three_hosts: list[StubServer]) -> None:
     restarted = HostState(tables={"0": TableState(hits=3, misses=40, inserts=40, resident=40),
                                   "1": TableState()})
-    with MetricScraper(endpoints_of(three_hosts), NAMES) as scraper:
+    with MetricScraper(endpoints_of(three_hosts), MODEL) as scraper:
         before = scraper.snapshot_all()
         three_hosts[1].serve("/metrics", prometheus_reply(restarted))
         after = scraper.snapshot_all()
-    assert delta(before[0], after[0], NAMES).hits == 0
+    assert delta(before[0], after[0], MODEL)["hits"] == 0
     with pytest.raises(CounterReset, match=r"^host 127\.0\.0\.12 rank 1: counter "
                                            r"flare_engram_row_cache_hits_total\{table=\"0\"\} went "
                                            r"down from 500 to 3 .*restarted or reset"):
-        delta(before[1], after[1], NAMES)
+        delta(before[1], after[1], MODEL)
 
 
 def test_reset_of_the_readiness_wait_is_detected() -> None:
     after = HostState(tables=AFTER.tables, readiness_ns=10)
     with pytest.raises(CounterReset, match=r"flare_replay_readiness_wait_nanoseconds_total went "
                                            r"down from 7000000 to 10"):
-        delta(snapshot_of(BEFORE), snapshot_of(after), NAMES)
+        delta(snapshot_of(BEFORE), snapshot_of(after), MODEL)
 
 
 def test_exported_refused_inserts_agree_with_the_derived_ones() -> None:
@@ -418,9 +438,9 @@ def test_exported_refused_inserts_agree_with_the_derived_ones() -> None:
     after_tables = dict(AFTER.tables)
     after_tables["0"] = TableState(**{**vars(AFTER.tables["0"]), "refused": 15})
     after = HostState(tables=after_tables, export_refused=True)
-    result = delta(snapshot_of(before), snapshot_of(after, reply=openmetrics_reply), NAMES)
-    assert result.refused_exported == result.refused_inserts == 15
-    assert result.per_table["0"].refused_exported == 15
+    result = delta(snapshot_of(before), snapshot_of(after, reply=openmetrics_reply), MODEL)
+    assert result["refused_exported"] == result["refused_inserts"] == 15
+    assert result.table("0")["refused_exported"] == 15
 
 
 def test_exported_refused_inserts_that_disagree_are_an_error() -> None:
@@ -431,35 +451,35 @@ def test_exported_refused_inserts_that_disagree_are_an_error() -> None:
     with pytest.raises(MeasureError, match=r"^host 127\.0\.0\.11 rank 0: table 0: refused inserts "
                                            r"derived as .* = 100 - 60 - 25 = 15, but "
                                            r"flare_engram_row_cache_refused_inserts_total rose by 7"):
-        delta(snapshot_of(before), snapshot_of(after), NAMES)
+        delta(snapshot_of(before), snapshot_of(after), MODEL)
 
 
 def test_refused_inserts_exported_by_only_one_snapshot_is_missing() -> None:
     before = HostState(tables=BEFORE.tables, export_refused=True)
     with pytest.raises(MetricMissing, match=r"rank 0: required metric "
                                             r"'flare_engram_row_cache_refused_inserts_total'"):
-        delta(snapshot_of(before), snapshot_of(AFTER), NAMES)
+        delta(snapshot_of(before), snapshot_of(AFTER), MODEL)
 
 
 def test_a_table_label_that_appears_counts_from_zero() -> None:
     after = HostState(tables={**AFTER.tables, "2": TableState(hits=0, misses=8, inserts=8,
                                                               resident=8)},
                       readiness_ns=AFTER.readiness_ns)
-    result = delta(snapshot_of(BEFORE), snapshot_of(after), NAMES)
-    assert result.per_table["2"].misses == 8 and result.per_table["2"].rows_added == 8
-    assert result.misses == 158
+    result = delta(snapshot_of(BEFORE), snapshot_of(after), MODEL)
+    assert result.table("2")["misses"] == 8 and result.table("2")["rows_added"] == 8
+    assert result["misses"] == 158
 
 
 def test_a_table_that_vanishes_is_missing() -> None:
     after = HostState(tables={"0": AFTER.tables["0"]}, readiness_ns=AFTER.readiness_ns)
     with pytest.raises(MetricMissing, match=r"'flare_engram_row_cache_\w+_total\{table=\"1\"\}'"):
-        delta(snapshot_of(BEFORE), snapshot_of(after), NAMES)
+        delta(snapshot_of(BEFORE), snapshot_of(after), MODEL)
 
 
 def test_delta_of_two_different_ranks_is_refused() -> None:
     with pytest.raises(ValueError, match=r"snapshots of different ranks: host 127\.0\.0\.11 rank "
                                          r"0 and host 127\.0\.0\.12 rank 1"):
-        delta(snapshot_of(BEFORE), snapshot_of(AFTER, host=HOSTS[1], rank=1), NAMES)
+        delta(snapshot_of(BEFORE), snapshot_of(AFTER, host=HOSTS[1], rank=1), MODEL)
 
 
 def test_combine_sums_three_hosts_and_takes_the_hit_rate_over_all() -> None:
@@ -468,26 +488,27 @@ def test_combine_sums_three_hosts_and_takes_the_hit_rate_over_all() -> None:
                                               resident=1_010), "1": BEFORE.tables["1"]},
                       readiness_ns=7_000_100)
     afters = [AFTER, AFTER, small]
-    deltas = [delta(snapshot_of(BEFORE, host=h, rank=r), snapshot_of(a, host=h, rank=r), NAMES)
-              for r, (h, a) in enumerate(zip(HOSTS, afters, strict=True))]
-    assert deltas[2].hits == 410 and deltas[2].misses == 10
-    combined = combine(deltas)
-    assert isinstance(combined, HostDelta)
+    ranks = [delta(snapshot_of(BEFORE, host=h, rank=r), snapshot_of(a, host=h, rank=r), MODEL)
+             for r, (h, a) in enumerate(zip(HOSTS, afters, strict=True))]
+    assert ranks[2]["hits"] == 410 and ranks[2]["misses"] == 10
+    combined = combine(ranks, MODEL)
+    assert isinstance(combined, Figures)
     assert (combined.host, combined.rank) == ("all", -1)
-    assert combined.hits == 450 + 450 + 410
-    assert combined.misses == 150 + 150 + 10
-    assert combined.evictions == 50 and combined.refused_inserts == 30
-    assert combined.readiness_wait_ns == 640_000 * 2 + 100
-    assert combined.capacity_rows == 3 * 2 * 1_806_918
-    assert combined.hit_rate == pytest.approx(1310 / 1620)
-    assert combined.hit_rate != pytest.approx(statistics.mean(d.hit_rate for d in deltas))
-    assert combined.per_table["0"].misses == 100 + 100 + 10
-    assert combined.refused_exported is None
+    assert combined["hits"] == 450 + 450 + 410
+    assert combined["misses"] == 150 + 150 + 10
+    assert combined["evictions"] == 50 and combined["refused_inserts"] == 30
+    assert combined["readiness_wait_sum_ns"] == 640_000 * 2 + 100
+    assert combined["readiness_wait_ns"] == 640_000    # rank 0's: the exposed wait across ranks
+    assert combined["capacity_rows"] == 3 * 2 * 1_806_918
+    assert combined["hit_rate"] == pytest.approx(1310 / 1620)
+    assert combined["hit_rate"] != pytest.approx(statistics.mean(r["hit_rate"] for r in ranks))
+    assert combined.table("0")["misses"] == 100 + 100 + 10
+    assert math.isnan(combined["refused_exported"])
 
 
 def test_combine_of_nothing_is_refused() -> None:
-    with pytest.raises(ValueError, match="`deltas` is empty"):
-        combine([])
+    with pytest.raises(ValueError, match="`ranks` is empty"):
+        combine([], MODEL)
 
 
 def test_read_gauge_reads_kv_pages_or_names_what_is_missing() -> None:

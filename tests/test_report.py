@@ -23,11 +23,16 @@ from scipy import stats
 
 from cache_qualify.cli import main
 from cache_qualify.errors import SamplesError
-from cache_qualify.report.markdown import estimate, fmt, show
+from cache_qualify.report.markdown import estimate, show
+from cache_qualify.report.tables import fmt
 from cache_qualify.report.provenance import provenance
 from cache_qualify.report.render import render_run, verdict_table
 from cache_qualify.report.rundata import load_run, scenario_description
+from cache_qualify.samples.records import dump
+from cache_qualify.units import unit
 from cache_qualify.samples.store import OK, START_FAILED, SampleStore, TrialRow, new_attempt
+from cache_qualify.session.setup import builds_of
+from cache_qualify.config.inventory import load_inventory
 from cache_qualify.config.scenario import find_scenario
 from cache_qualify.stats.verdict import Assertion, evaluate
 
@@ -182,10 +187,12 @@ def write_run(root: Path, *, failing: bool) -> Run:
     assertions = ASSERTIONS if failing else tuple(a for a in ASSERTIONS if a.request != "A-third-read")
     verdicts = _verdicts(expected, assertions)
     (run / f"verdicts-{SCENARIO}.json").write_text(json.dumps(verdicts, indent=2) + "\n", encoding="utf-8")
+    # the plan as a run writes it when it starts: its builds as the inventory described them then
     plan = {"run_id": "r1", "seed": 1234, "lab": "report-lab", "inventory": "hosts.yaml",
             "inventory_sha256": hashlib.sha256(inventory.read_bytes()).hexdigest(), "baseline": BASE,
             "candidate": CAND, "scenarios": [SCENARIO], "created": "2026-01-01T00:00:00+00:00",
-            "command": ["pytest", "qualify", "--hosts", "hosts.yaml"]}
+            "command": ["pytest", "qualify", "--hosts", "hosts.yaml"],
+            "builds": {label: dump(b) for label, b in builds_of(load_inventory(inventory)).items()}, "version": 2}
     (run / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
     facts = {h: {"kernel": "6.8.0-1015-nvidia", "hostname": f"spark-{r}", "address": f"127.0.0.1{r + 1}",
                  "rank": r} for h, r in HOSTS}
@@ -222,11 +229,14 @@ def _reference(values: list[float], scale: float, decimals: int, suffix: str = "
 # --- numbers -------------------------------------------------------------------------------------
 
 def test_formats_follow_the_domain_report() -> None:
-    assert fmt(0.9506, "hit_rate") == "95.06 %"
-    assert fmt(175_506, "evictions") == "175,506"
-    assert fmt(2.14e9, "readiness_wait_ns") == "2.140 s"
-    assert fmt(-0.0203, "hit_rate", signed=True) == "-2.03 pp"
-    assert fmt(math.nan, "hit_rate") == "n/a"
+    assert fmt(0.9506, "fraction") == "95.06 %"
+    assert fmt(175_506, "rows", suffix=False) == "175,506"
+    assert fmt(2.14e9, "ns") == "2.140 s"
+    assert fmt(-0.0203, "fraction", signed=True) == "-2.03 pp"
+    assert fmt(math.nan, "fraction") == "n/a"
+    # a verdict file written before units were recorded: the study's unit of its metric
+    assert fmt(2.14e9, "", metric="readiness_wait_ns") == "2.140 s"
+    assert fmt(41_301, "", metric="kv_pages") == "41,301 pages"
 
 
 def test_estimate_matches_the_t_interval_and_degrades_without_noise_estimate() -> None:
@@ -236,7 +246,7 @@ def test_estimate_matches_the_t_interval_and_degrades_without_noise_estimate() -
     assert est.n == 4 and est.mean == pytest.approx(np.mean(values))
     assert est.half_width == pytest.approx((high - low) / 2)
     single = estimate([0.5])
-    assert single.n == 1 and math.isnan(single.half_width) and show(single, "hit_rate", unit=True) == "50.00 %"
+    assert single.n == 1 and math.isnan(single.half_width) and show(single, unit("fraction"), suffix=True) == "50.00 %"
 
 
 # --- summary.md ----------------------------------------------------------------------------------
@@ -256,7 +266,7 @@ def test_request_table_has_means_and_cis_over_all_hosts(failing_run: Run, summar
     assert cells[1:3] == [_reference(e.hit_rate[(b, request_name, "all")], 100, 2, " %") for b in builds]
     assert cells[3:5] == [_reference(e.evictions[(b, request_name)], 1, 0) for b in builds]
     assert cells[7:9] == [_reference(e.wait_ns[(b, request_name)], 1e-9, 3) for b in builds]
-    assert cells[9:11] == [_reference(e.time_s[(b, request_name)], 1, 2) for b in builds]
+    assert cells[9:11] == [_reference(e.time_s[(b, request_name)], 1, 3) for b in builds]
     assert "," in cells[3]  # thousands separators, as in the RowCache study
 
 
@@ -324,7 +334,7 @@ def test_verdicts_json_merges_scenarios(failing_run: Run) -> None:
 def test_provenance_records_builds_hosts_and_hashes(failing_run: Run) -> None:
     prov = json.loads((failing_run.path / "provenance.json").read_text(encoding="utf-8"))
     digest = hashlib.sha256(failing_run.inventory.read_bytes()).hexdigest()
-    assert prov["inventory"]["sha256"] == digest and prov["inventory"]["unchanged"] is True
+    assert prov["inventory"] == {"path": "hosts.yaml", "sha256": digest}
     assert prov["builds"][BASE] == {"role": "baseline", "path": "bin/server-a", "ref": "bbad44fe",
                                     "flags": ["--sim-policy", "set4"], "description": "four-way sets"}
     assert prov["builds"][CAND]["ref"] == "0572fd12"
@@ -361,18 +371,23 @@ def test_clean_run_passes_and_tolerates_a_torn_last_line(tmp_path: Path) -> None
     assert verdict_table(run.path)[-1].startswith("overall: PASS")
 
 
-def test_builds_unavailable_when_the_inventory_is_gone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_builds_are_the_plans_whatever_the_inventory_says_now(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build's ref and flags are what the run recorded when it started: an inventory edited or gone
+    since changes nothing, and a plan from before runs recorded builds says so (nothing is guessed)."""
     run = write_run(tmp_path, failing=False)
-    run.inventory.unlink()
-    monkeypatch.chdir(tmp_path)  # no hosts.yaml here either
-    prov = provenance(load_run(run.path))
-    assert prov["builds"][BASE]["unavailable"] == "the inventory 'hosts.yaml' is no longer found"
-    assert prov["inventory"]["sha256"] == load_run(run.path).plan["inventory_sha256"]
+    monkeypatch.chdir(tmp_path)
     run.inventory.write_text(INVENTORY.replace("ref: bbad44fe", "ref: feedc0de"), encoding="utf-8")
+    assert provenance(load_run(run.path))["builds"][BASE]["ref"] == "bbad44fe"
+    run.inventory.unlink()
     prov = provenance(load_run(run.path))
-    assert prov["inventory"]["unchanged"] is False
-    assert prov["builds"][BASE]["ref"] == "feedc0de"
-    assert prov["builds"][BASE]["note"] == "read from the inventory as it is now; it changed since the run"
+    assert prov["builds"][BASE] == {"role": "baseline", "path": "bin/server-a", "ref": "bbad44fe",
+                                    "flags": ["--sim-policy", "set4"], "description": "four-way sets"}
+    assert prov["inventory"]["sha256"] == load_run(run.path).plan.inventory_sha256
+    plan = json.loads((run.path / "plan.json").read_text(encoding="utf-8"))
+    del plan["builds"], plan["version"]  # as plan.json was written before runs recorded their builds
+    (run.path / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
+    assert provenance(load_run(run.path))["builds"][BASE] == {
+        "role": "other", "unavailable": "not recorded: the run was made before runs recorded their builds"}
 
 
 def test_a_scenario_without_verdicts_fails_after_a_failed_start(copied_run: Path) -> None:

@@ -126,3 +126,30 @@ def test_resume_refuses_options_that_change_what_the_run_measures(tmp_path: Path
     again = run_qualify(inventory, reports, "--resume", RUN_ID, "--trials", "3")
     assert again.returncode == 4
     assert "--resume: the run was made with --trials 2, not 3; leave --trials out" in again.output
+
+
+def test_resume_continues_a_run_folder_written_before_plans_recorded_their_builds(tmp_path: Path) -> None:
+    """A plan of version 1 (no builds, no history, no version: as runs wrote it before) is continued, and
+    completed with the builds of the inventory it continues with; a plan newer than this suite is refused."""
+    import json
+
+    inventory = write_inventory(tmp_path, noise="quiet")
+    reports = tmp_path / "reports"
+    scenario = small_scenario_option(tmp_path, SCENARIO)
+    first = run_qualify(inventory, reports, "--run-id", RUN_ID, "--preflight-only", *scenario, *OPTIONS)
+    assert first.returncode == 0, first.output
+    path = reports / RUN_ID / "plan.json"
+    plan = json.loads(path.read_text(encoding="utf-8"))
+    old = {k: v for k, v in plan.items() if k not in ("builds", "history", "version", "candidates")}
+    path.write_text(json.dumps({**old, "candidate": plan["candidates"][0], "candidates": plan["candidates"]}),
+                    encoding="utf-8")
+    resumed = run_qualify(inventory, reports, "--resume", RUN_ID)
+    assert resumed.returncode == 0, resumed.output
+    upgraded = json.loads(path.read_text(encoding="utf-8"))
+    assert upgraded["version"] == 2 and upgraded["builds"]["two_choice"]["flags"][:2] == ["--sim-policy", "two_choice"]
+    assert {k: upgraded[k] for k in old} == old  # what the run measures is what it measured
+    path.write_text(json.dumps({**upgraded, "version": 99}), encoding="utf-8")
+    newer = run_qualify(inventory, reports, "--resume", RUN_ID)
+    assert newer.returncode == 4
+    assert (f"--resume: the run {RUN_ID} was made by a newer cache-qualify (plan version 99, this one knows 2); "
+            f"continue it with that version") in newer.output

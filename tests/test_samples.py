@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cache_qualify.errors import SamplesError
+from cache_qualify.samples import runfolder
 from cache_qualify.samples.store import FAILED, OK, SAMPLE_COLUMNS, TRIAL_COLUMNS, SampleStore, TrialRow, new_attempt
 
 
@@ -181,3 +182,52 @@ def test_a_resumed_run_appends_after_a_torn_row_without_gluing_to_it(tmp_path: P
     lines = store.samples_path.read_text(encoding="utf-8").splitlines()
     assert lines[-2:] == ["r,s,b,0,0,a1,A,h,0,hits,1", "r,s,b,0,0,a1,A,h,0,misses,2"]
     assert (tmp_path / "run" / "samples.csv.torn").read_text(encoding="utf-8") == "r,s,b,0,0,a1,A,h,0,misse\n"
+
+
+# --- one owner of the run folder's names ----------------------------------------------------------
+
+def _spelled(text: str) -> bool:
+    """Whether `text` names a file or folder of the run folder (not only mentions a word)."""
+    names = (runfolder.PLAN_FILE, runfolder.SAMPLES_FILE, runfolder.TRIALS_FILE, runfolder.OUTCOME_FILE,
+             runfolder.MERGED_VERDICTS_FILE, runfolder.PROVENANCE_FILE, runfolder.SUMMARY_FILE, runfolder.JUNIT_FILE)
+    folders = (runfolder.PLOTS_DIR, runfolder.LOGS_DIR, runfolder.CLAIMS_DIR, runfolder.PREFLIGHT_DIR)
+    return (any(name in text for name in names) or text.startswith(("verdicts-", "arms-", "facts-"))
+            or any(text == d or text.startswith(f"{d}/") or f"/{d}" in text for d in folders))
+
+
+def test_only_the_run_folder_module_spells_its_file_names() -> None:
+    """Every other module of the package asks samples.runfolder for a run folder's paths (docstrings
+    may describe the files; code may not spell them)."""
+    import ast
+
+    package = Path(runfolder.__file__).resolve().parent.parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path == Path(runfolder.__file__).resolve():
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        found += [f"{path.relative_to(package)}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                  and id(node) not in docstrings and _spelled(node.value)]
+    assert not found, "run-folder names spelled outside samples/runfolder.py:\n" + "\n".join(found)
+    assert _spelled("reports/r1/plan.json") and _spelled("logs/") and not _spelled("the logs of a rank")
+
+
+def test_a_plan_from_before_or_after_a_field_was_added_still_loads(tmp_path: Path) -> None:
+    """Fields are added with a default: a plan written before one existed loads with it, a plan with a
+    field this suite does not know loads without it, and each says the version it was written as."""
+    from cache_qualify.samples.records import PLAN_VERSION, Plan
+
+    old = {"run_id": "r1", "seed": 7, "candidate": "two_choice", "scenarios": ["reread-1g"]}
+    plan = Plan.from_json(old, path=tmp_path / "plan.json")
+    assert (plan.version, plan.candidates, plan.builds, plan.history) == (1, ("two_choice",), {}, None)
+    runfolder.create(tmp_path / "new", Plan(run_id="new", seed=3, candidates=("set8",)))
+    written = runfolder.read_plan(tmp_path / "new")
+    assert written.version == PLAN_VERSION and written.candidate == "set8"
+    newer = {**old, "version": PLAN_VERSION + 1, "quantities": {"readiness_wait": {"unit": "ns"}}}
+    assert Plan.from_json(newer, path=tmp_path / "plan.json").version == PLAN_VERSION + 1
+    with pytest.raises(SamplesError, match=r"plan\.json: seed: input should be a valid integer.*found 'x'"):
+        Plan.from_json({**old, "seed": "x"}, path=tmp_path / "plan.json")

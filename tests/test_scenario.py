@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from cache_qualify.errors import ScenarioError
-from cache_qualify.config.scenario import (METRIC_DIRECTION, available_scenarios, find_scenario, load_scenario)
+from cache_qualify.config.profiles import resolve
+from cache_qualify.config.scenario import available_scenarios, check_against, find_scenario, load_scenario
+from cache_qualify.stats.assertions import assertions_for
 from tests.labfixtures import REPO, edited, write_file
 
 
@@ -46,8 +48,8 @@ def test_base_scenario_defaults(tmp_path: Path) -> None:
     assert scenario.corpus.id_range == (3, 127_999)
     assert scenario.first_reads() == ["A", "B"]
     assert scenario.expectations[2].request == "*"
-    assert [e.direction for e in scenario.expectations] == [1, 1, 1]
-    assert METRIC_DIRECTION["readiness_wait_ns"] == -1
+    assert (scenario.prefix_reuse, scenario.max_invalid_trials) == ("forbid", 2)
+    assert [a.higher_is_better for a in assertions_for(scenario)] == [True, True, True]
 
 
 MALFORMED: list[tuple[str, str, str, str, int | None]] = [
@@ -74,8 +76,11 @@ MALFORMED: list[tuple[str, str, str, str, int | None]] = [
      r"expectations\[1\]\.margin: expected a value less than 1, found 5", 13),
     ("kv-pages-per-request", "{metric: kv_pages, kind", "{metric: kv_pages, request: A, kind",
      r"expectations\[2\]\.request: kv_pages is read once per start: expected request \"\*\", found 'A'", 14),
-    ("unknown-metric", "{metric: hit_rate, request: A,", "{metric: hitrate, request: A,",
-     r"expectations\[1\]\.metric: expected 'hit_rate', 'readiness_wait_ns'.*found 'hitrate'", 13),
+    ("bad-metric-name", "{metric: hit_rate, request: A,", "{metric: Hit-Rate, request: A,",
+     r"expectations\[1\]\.metric: expected a quantity name of lower-case letters, digits and '_' "
+     r"\(hit_rate, prompt_time_s\), found 'Hit-Rate'", 13),
+    ("prefix-reuse-unknown", "expectations:", "prefix_reuse: allow\nexpectations:",
+     r"prefix_reuse: expected 'forbid' or 'measure', found 'allow'", 11),
     ("stop-before-start", "start: 200, stop: 300", "start: 300, stop: 200",
      r"requests\[2\]\.stop: expected stop > start \(300\), found 200", 9),
     ("short-new-start", "{name: A2, start: 0, stop: 100, new_start: 1}", "{name: A2, start: 0, stop: 10, new_start: 1}",
@@ -195,3 +200,40 @@ def test_all_shipped_scenarios_load_and_fit_the_default_corpus() -> None:
         assert scenario.name == name
         assert scenario.corpus.default
         assert max(r.stop for r in scenario.requests) <= tokens, name
+
+
+RUNTIME_PROBLEMS = [
+    ("unknown", "{metric: hit_rate, request: A,", "{metric: hitrate, request: A,",
+     r"expectations\[1\]\.metric: runtime flare does not export 'hitrate'; it exports: hits, misses, "
+     r"evictions, .*readiness_wait_ns, client_time_s, kv_pages, startup_s$"),
+    ("no-direction", "{metric: hit_rate, request: A, kind: no_regression, margin: 0.05}",
+     "{metric: capacity_rows, request: A, kind: no_regression, margin: 0.05}",
+     r"expectations\[1\]\.metric: capacity_rows of runtime flare has no direction \(neither higher nor lower "
+     r"is better\), so it cannot be asserted"),
+    ("per-start-on-a-request", "{metric: hit_rate, request: A, kind: no_regression, margin: 0.05}",
+     "{metric: startup_s, request: A, kind: no_regression, margin: 0.05}",
+     r"expectations\[1\]\.request: startup_s is read once per start: expected request \"\*\", found 'A'"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [p[1:] for p in RUNTIME_PROBLEMS],
+                         ids=[p[0] for p in RUNTIME_PROBLEMS])
+def test_a_scenario_is_checked_against_the_runtime_before_any_lab_time(tmp_path: Path, old: str, new: str,
+                                                                       message: str) -> None:
+    scenario = load_scenario(write(tmp_path, edit(old, new)))   # the file alone is valid
+    with pytest.raises(ScenarioError, match=r"mini\.yaml: " + message):
+        check_against(scenario, resolve("flare"))
+    check_against(load_scenario(write(tmp_path, BASE)), resolve("flare"))
+
+
+def test_forbidding_prefix_reuse_needs_a_runtime_that_reports_cached_tokens(tmp_path: Path) -> None:
+    scenario = load_scenario(write(tmp_path, BASE))
+    blind = resolve("flare").model_copy(update={"prefix_cached": None})
+    with pytest.raises(ScenarioError, match=r"prefix_reuse: runtime flare names no response field of cached "
+                                            r"prompt tokens .*use `prefix_reuse: measure`"):
+        check_against(scenario, blind)
+    measured = scenario.model_copy(update={"prefix_reuse": "measure"})
+    check_against(measured, blind)
+    model = resolve("flare").for_prefix_reuse("measure")
+    assert model.quantities["cached_tokens"].spec.response == "usage.prompt_tokens_details.cached_tokens"
+    assert "cached_tokens" not in resolve("flare").for_prefix_reuse("forbid").quantities

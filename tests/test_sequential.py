@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy import special
 
+from cache_qualify import cachedir
 from cache_qualify.errors import PlanError
 from cache_qualify.stats import sequential
 from cache_qualify.stats.sequential import (DEFAULT_BOUNDARY, Boundary, fractions_of, nominal_alpha, plan_looks,
@@ -174,7 +175,7 @@ def test_t_levels_kept_on_disk_are_the_simulated_ones_and_any_change_simulates_a
     """Every run of the gate asks for the same few designs' levels: they are read back from disk, digit
     for digit, by another process (here: with the in-process cache cleared); another design, alpha or
     boundary is simulated; a damaged file is simulated again; an unwritable folder only costs the time."""
-    monkeypatch.setattr(sequential, "_LEVELS_FOLDER", tmp_path / "levels")
+    monkeypatch.setattr(cachedir, "_current", cachedir.CacheDir(tmp_path))   # levels in tmp_path/t-levels
     simulated: list[tuple[int, ...]] = []
     real = sequential._simulated_t_levels
 
@@ -189,17 +190,17 @@ def test_t_levels_kept_on_disk_are_the_simulated_ones_and_any_change_simulates_a
         return boundary.nominal_levels(alpha, units)
 
     first = levels(0.01, (3, 5, 7))
-    assert simulated == [(3, 5, 7)] and len(list((tmp_path / "levels").glob("*.json"))) == 1
+    assert simulated == [(3, 5, 7)] and len(list((tmp_path / "t-levels").glob("*.json"))) == 1
     assert levels(0.01, (3, 5, 7)) == first and simulated == [(3, 5, 7)]          # read back
     assert first == real(DEFAULT_BOUNDARY, 0.01, (3, 5, 7), True)                  # the simulated digits
     levels(0.05, (3, 5, 7))
     levels(0.01, (3, 5, 8))
     levels(0.01, (3, 5, 7), Boundary(rho=3.0))
-    assert len(simulated) == 4 and len(list((tmp_path / "levels").glob("*.json"))) == 4
-    for stored in (tmp_path / "levels").glob("*.json"):
+    assert len(simulated) == 4 and len(list((tmp_path / "t-levels").glob("*.json"))) == 4
+    for stored in (tmp_path / "t-levels").glob("*.json"):
         stored.write_text("[0.001, ")                                              # cut short
     assert levels(0.01, (3, 5, 7)) == first and len(simulated) == 5
-    monkeypatch.setattr(sequential, "_LEVELS_FOLDER", tmp_path / "a-file" / "levels")
+    monkeypatch.setattr(cachedir, "_current", cachedir.CacheDir(tmp_path / "a-file"))
     (tmp_path / "a-file").write_text("not a folder")
     assert levels(0.01, (3, 5, 7)) == first and len(simulated) == 6
     assert not list(tmp_path.glob("**/*.tmp"))

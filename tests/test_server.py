@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from cache_qualify.errors import CommandFailed, LockHeld, RankExited, StaleServer
+from cache_qualify.errors import CommandFailed, LockHeld, RankExited, ServerError, StaleServer
 from cache_qualify.config.inventory import Inventory, load_inventory
 from cache_qualify.lab.control import RUNNING_FUNCTION, Lab, backoff_delays
 from cache_qualify.lab.server import ServerGroup
-from cache_qualify.trials.measure import read_kv_pages
+from cache_qualify.trials.measure import read_start
 from tests.labfixtures import REPO, inventory_port, sim_processes, wait_no_sim_processes, write_inventory
 from tests.sshd import SshdLab
 
@@ -49,7 +49,7 @@ def kv_pages_of_a_start(inventory: Inventory) -> dict[str, int]:
         try:
             server.wait_ready()
             assert len(sim_processes(inventory.server.http_port)) == 3
-            return read_kv_pages(server, inventory.metric_names())
+            return {host: int(pages) for host, pages in read_start(server, inventory.measurement)["kv_pages"].items()}
         finally:
             server.stop()
             server.close()
@@ -257,3 +257,46 @@ def test_backoff_starts_short_doubles_and_covers_the_wait() -> None:
     assert backoff_delays(0.5) == [0.01, 0.02, 0.04, 0.08, 0.1, 0.1, 0.1, 0.1]
     assert backoff_delays(0.001) == [0.01]
     assert backoff_delays(1.0, first_s=0.05, cap_s=0.2) == [0.05, 0.1, 0.2, 0.2, 0.2, 0.2, 0.2]
+
+
+LATE_LOG_SERVER = textwrap.dedent('''
+    """Answers every GET with 200 at once, and writes its KV line only `delay` seconds later (as
+    llama-server may, by a few milliseconds, after it answers /health)."""
+    import http.server, sys, threading
+    address, port, delay = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    class Ready(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *args):
+            pass
+    if delay >= 0:
+        threading.Timer(delay, lambda: print("initializing, n_slots = 1, n_ctx_slot = 4,096", flush=True)).start()
+    http.server.HTTPServer((address, port), Ready).serve_forever()
+''')
+
+
+def test_a_log_line_written_after_ready_is_waited_for_and_one_never_written_is_named(tmp_path: Path) -> None:
+    script = tmp_path / "late_log_server.py"
+    script.write_text(LATE_LOG_SERVER, encoding="utf-8")
+    builds = {"late": {"path": str(script), "flags": ["0.4"]}, "never": {"path": str(script), "flags": ["-1"]}}
+    path = write_inventory(tmp_path, builds=builds, server={
+        "command": "{python} {build_path} {address} {port} {flags}",
+        "kv_pages": {"log_regex": r"n_ctx_slot = ([\d,]+)"}, "readiness": {"path": "/", "timeout_s": 30}})
+    inventory = load_inventory(path)
+    with open_lab(inventory) as lab:
+        for build, expected in (("late", 4_096), ("never", None)):
+            server = ServerGroup(lab, build, inventory.build(build), tag=f"t-{build}")
+            server.start()
+            try:
+                server.wait_ready()
+                if expected is not None:
+                    read = read_start(server, inventory.measurement)["kv_pages"]
+                    assert set(read.values()) == {expected} and len(read) == 3
+                else:
+                    with pytest.raises(ServerError, match=r"host gb10-a rank 0: no line of the rank's log matches "
+                                                          r"the regex 'n_ctx_slot = \(\[\\\\d,\]\+\)' \(read for "
+                                                          r"0\.3 s after it was ready\)"):
+                        server.kv_pages_from_log(r"n_ctx_slot = ([\d,]+)", wait_s=0.3)
+            finally:
+                server.stop()
+                server.close()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from cache_qualify.samples.records import ArmRecord, ArmsRecord, Plan, VerdictRecord
 from cache_qualify.stats.manytoone import screening_level
 from cache_qualify.trials.runner import interleave
 from tests.labfixtures import QualifyRun, run_qualify, write_inventory
@@ -107,6 +108,8 @@ def test_tournament_exits_zero_when_one_candidate_passes(tmp_path: Path) -> None
                       timeout_s=600)
     assert run.returncode == 0, run.output
     assert "--tournament: exit status 0, two_choice passed every assertion (failed: lru4)" in run.output
+    outcome = json.loads((run.run_dir() / "outcome.json").read_text(encoding="utf-8"))
+    assert (outcome["exit_status"], outcome["mode"], outcome["recommended"]) == (0, "screening", "two_choice")
     assert _failure(run, "test_row_cache[lru4:hit_rate-gain[A-third-read]]") is not None  # still shown failed
     props = _properties(run, "test_row_cache[two_choice:hit_rate-gain[B-new-start]]")
     # the family's alpha, and each candidate at the t-scale many-to-one level of two candidates on 2 blocks
@@ -118,11 +121,11 @@ def test_tournament_exits_zero_when_one_candidate_passes(tmp_path: Path) -> None
                                      "every assertion.")
 
 
-def _verdict(arm: str, aid: str, outcome: str, difference: float, higher: bool = True) -> dict[str, object]:
+def _verdict(arm: str, aid: str, outcome: str, difference: float, higher: bool = True) -> VerdictRecord:
     metric, rest = aid.split("-", 1)
-    return {"arm": arm, "id": aid, "metric": metric, "kind": rest.split("[", 1)[0], "higher_is_better": higher,
-            "outcome": outcome, "difference": difference, "ci_low": difference - abs(difference) / 10,
-            "ci_high": difference + abs(difference) / 10}
+    return VerdictRecord(arm=arm, id=aid, metric=metric, kind=rest.split("[", 1)[0], higher_is_better=higher,
+                         outcome=outcome, difference=difference, ci_low=difference - abs(difference) / 10,
+                         ci_high=difference + abs(difference) / 10)
 
 
 def test_recommendation_says_when_no_candidate_passes(tmp_path: Path) -> None:
@@ -133,15 +136,14 @@ def test_recommendation_says_when_no_candidate_passes(tmp_path: Path) -> None:
     primary, kv = "readiness_wait_ns-gain[B-new-start]", "kv_pages-no_regression[startup]"
     verdicts = [_verdict("slow", primary, "fail", 2e8, higher=False), _verdict("slow", kv, "pass", -3),
                 _verdict("fast", primary, "pass", -9e8, higher=False), _verdict("fast", kv, "fail", -900)]
-    arms = {"mode": "gate", "arms": [
-        {"label": "base", "role": "baseline", "starts": 3},
-        {"label": "slow", "role": "candidate", "starts": 2, "cost": "one more probe"},
-        {"label": "fast", "role": "candidate", "starts": 3, "cost": ""}]}
-    trials = pd.DataFrame(columns=["scenario", "build", "outcome"])
-    data = RunData(tmp_path, {"scenarios": ["s"], "baseline": "base"}, pd.DataFrame(), trials, {"s": verdicts},
-                   {}, {"s": arms})
+    arms = ArmsRecord(mode="gate", arms=(ArmRecord("base", "base", "baseline", starts=3),
+                                         ArmRecord("slow", "slow", "candidate", "one more probe", starts=2),
+                                         ArmRecord("fast", "fast", "candidate", "", starts=3)))
+    trials = pd.DataFrame(columns=["scenario", "build", "trial", "outcome"])
+    data = RunData(tmp_path, Plan(run_id="r", seed=0, scenarios=("s",), baseline="base"), pd.DataFrame(), trials,
+                   {"s": tuple(verdicts)}, {}, {"s": arms})
     lines = recommendation(data)
     rows = [line for line in lines if line.startswith("| 1 ") or line.startswith("| 2 ")]
-    assert rows[0] == "| 1 | `fast` | FAIL | — | -0.900 s (-0.990 to -0.810) | -900 (-990 to -810) | 3 |"
-    assert rows[1] == "| 2 | `slow` | FAIL | one more probe | +0.200 s (+0.180 to +0.220) | -3 (-3 to -3) | 2 |"
+    assert rows[0] == "| 1 | `fast` | FAIL | — | -0.900 s (-0.990 to -0.810) | -900 pages (-990 to -810) | 3 |"
+    assert rows[1] == "| 2 | `slow` | FAIL | one more probe | +0.200 s (+0.180 to +0.220) | -3 pages (-3 to -3) | 2 |"
     assert lines[-1] == "**Recommendation: none**: no candidate passes every assertion."

@@ -12,12 +12,15 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from cache_qualify.errors import CommandFailed, CommandTimeout
+from cache_qualify.errors import CommandFailed, CommandTimeout, HostUnreachable, TransportError
+from cache_qualify.lab.control import free_port
 from cache_qualify.lab.transport import LocalTransport, Transport
+from tests.httpfixtures import StubServer
 
 # every value a shell would interpret if it were not quoted
 METACHARACTERS = [
@@ -164,3 +167,34 @@ def test_local_channel_runs_outside_the_runners_process_group() -> None:
     assert channel.alive()
     channel.close(wait_s=10)
     assert not channel.alive()
+
+
+# --- the runner's way to a port of the host (the HTTP route) ----------------------------------------
+
+def test_the_direct_route_tells_a_listening_port_from_a_free_one(
+        any_transport: Transport, stub_servers: Callable[..., StubServer]) -> None:
+    server = stub_servers("127.0.0.1")
+    assert "direct" in any_transport.routes
+    assert any_transport.port_open(server.host, server.port, route="direct", timeout_s=5.0) is True
+    assert any_transport.port_open("127.0.0.1", free_port(["127.0.0.1"]), route="direct", timeout_s=5.0) is False
+    assert any_transport.http_base_url(server.host, server.port, route="direct") == server.url
+    assert any_transport.http_base_url("::1", 8080, route="direct") == "http://[::1]:8080"
+
+
+def test_an_address_the_runner_cannot_reach_directly_is_named(any_transport: Transport) -> None:
+    # a multicast address: no TCP connection can be routed to it, on any machine
+    with pytest.raises(HostUnreachable, match=r"^host h1: the runner cannot reach 224\.0\.0\.1:9, the rank's HTTP "
+                                              r"port, directly \(http_route: direct\): Network is unreachable\.$"):
+        any_transport.port_open("224.0.0.1", 9, route="direct", timeout_s=5.0, what="the rank's HTTP port")
+
+
+def test_the_local_transport_offers_no_ssh_route() -> None:
+    """Its host is this machine: only `direct` (the inventory allows `ssh` with the SSH transport only)."""
+    with LocalTransport("h1") as transport:
+        assert transport.routes == {"direct"}
+        refused = (r"^host h1: the `ssh` HTTP route goes over the host's SSH connection, and LocalTransport has "
+                   r"none \(it offers: direct\); set `http_route: direct` for this host$")
+        with pytest.raises(TransportError, match=refused):
+            transport.http_base_url("127.0.0.1", 8080, route="ssh")
+        with pytest.raises(TransportError, match=refused):
+            transport.port_open("127.0.0.1", 8080, route="ssh", timeout_s=5.0)

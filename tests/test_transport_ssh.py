@@ -8,7 +8,10 @@ large output) runs over both in test_transport_local.py.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
+import os
 import re
 import socket
 import subprocess
@@ -22,7 +25,8 @@ from typing import Any
 import httpx
 import pytest
 
-from cache_qualify.errors import ConfigError, HostKeyRejected, HostUnreachable, TransportError
+from cache_qualify.errors import (AuthenticationFailed, ConfigError, HostKeyNotRecorded, HostKeyRejected,
+                                  HostUnreachable, TransportError)
 from cache_qualify.lab.transport import SshOptions, SshTransport
 from cache_qualify.lab.transport.ssh import TcpRefused
 from tests.httpfixtures import Reply, StubServer
@@ -194,6 +198,46 @@ def test_changed_host_key_is_rejected_even_with_accept_new(
     assert known_hosts.read_text() == before
 
 
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """`path` cannot be written while inside, by its owner or by root (the suite runs as root, whom
+    file modes do not stop: the file is made immutable then, which needs chattr and ext4 or alike)."""
+    path.chmod(0o444)
+    immutable = os.geteuid() == 0
+    if immutable:
+        subprocess.run(["chattr", "+i", str(path)], check=True)
+    try:
+        yield
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        path.chmod(0o644)
+
+
+def test_accept_new_names_the_known_hosts_file_it_cannot_write(
+        sshd_lab: SshdLab, sshd_host: SshdInstance, tmp_path: Path) -> None:
+    """A read-only known_hosts file is reported as what it is, not as a host that cannot be reached."""
+    known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts")  # exists, lists nothing
+    with read_only(known_hosts):
+        with pytest.raises(HostKeyNotRecorded, match=rf"^host h1: cannot record the new SSH host key of "
+                                                     rf"\[{re.escape(sshd_host.address)}\]:{sshd_host.port} "
+                                                     rf"\(ssh-ed25519 SHA256:\S+\) in {re.escape(str(known_hosts))}: "
+                                                     rf"(Operation not permitted|Permission denied)\. "
+                                                     rf"host_key_policy: accept-new needs"):
+            connect(sshd_lab, sshd_host, known_hosts, host_key_policy="accept-new").run("true")
+    assert known_hosts.read_text() == ""
+
+
+def test_accept_new_without_a_known_hosts_file_names_the_host(
+        sshd_lab: SshdLab, sshd_host: SshdInstance) -> None:
+    with pytest.raises(HostKeyNotRecorded, match=rf"^host h1: cannot record the new SSH host key of "
+                                                 rf"\[{re.escape(sshd_host.address)}\]:{sshd_host.port} .*: "
+                                                 rf"`ssh.known_hosts` is empty, so host_key_policy: accept-new "
+                                                 rf"has no file to record it in"):
+        options = dataclasses.replace(sshd_lab.options(Path("unused")), known_hosts=(), host_key_policy="accept-new")
+        SshTransport("h1", sshd_host.address, sshd_host.port, options=options).run("true")
+
+
 def test_reconnects_once_after_sshd_restarts_then_reports_unreachable(
         ssh_transport: SshTransport, sshd_host: SshdInstance,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -278,8 +322,8 @@ def test_refused_key_names_the_user_and_the_keys_tried(
     stranger = generate_key(tmp_path / "id_stranger", "not-authorized")
     known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts", sshd_host)
     transport = connect(sshd_lab, sshd_host, known_hosts, identity_file=str(stranger))
-    with pytest.raises(HostUnreachable, match=rf"^host h1: .*@{re.escape(sshd_host.address)}:"
-                                              rf"{sshd_host.port} refused authentication .*"
+    with pytest.raises(AuthenticationFailed, match=rf"^host h1: .*@{re.escape(sshd_host.address)}:"
+                                                   rf"{sshd_host.port} refused authentication .*"
                                               rf"tried identity file\(s\) .*id_stranger\. "
                                               rf"Check the user"):
         transport.run("true")
@@ -387,3 +431,31 @@ def test_tcp_forwarding_forbidden_by_sshd_is_named(sshd_lab: SshdLab, tmp_path: 
                 transport.tcp_open(host.address, 80)
     finally:
         host.stop()
+
+
+def test_the_ssh_route_goes_over_the_hosts_connection(
+        sshd_lab: SshdLab, tmp_path: Path, stub_servers: Callable[..., StubServer]) -> None:
+    """`port_open` and `http_base_url` over `ssh` reach a port as the host sees it, through its sshd:
+    where that sshd forbids forwarding, the `ssh` route fails and the `direct` one still works."""
+    host = sshd_lab.start("route")
+    closed = sshd_lab.start("noroute", extra_config=("AllowTcpForwarding no",))
+    known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts", host, closed)
+    try:
+        server = stub_servers(host.address)
+        server.serve("/metrics", Reply(body="up 1\n"))
+        with connect(sshd_lab, host, known_hosts) as transport:
+            assert transport.routes == {"direct", "ssh"}
+            assert transport.port_open(server.host, server.port, route="ssh", timeout_s=5.0) is True
+            assert transport.port_open(host.address, free_port(host.address), route="ssh", timeout_s=5.0) is False
+            base = transport.http_base_url(server.host, server.port, route="ssh")
+            assert re.fullmatch(r"http://127\.0\.0\.1:\d+", base) and base != server.url  # a forwarded port
+            assert httpx.get(f"{base}/metrics", timeout=5.0).text == "up 1\n"
+            assert transport.http_base_url(server.host, server.port, route="direct") == server.url
+        with connect(sshd_lab, closed, known_hosts) as transport:
+            assert transport.port_open(server.host, server.port, route="direct", timeout_s=5.0) is True
+            with pytest.raises(TcpRefused, match=r"^host h1: .* could not connect to .* for the runner: .*The `ssh` "
+                                                 r"HTTP route needs TCP forwarding"):
+                transport.port_open(server.host, server.port, route="ssh", timeout_s=5.0)
+    finally:
+        host.stop()
+        closed.stop()

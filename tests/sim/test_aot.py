@@ -3,6 +3,7 @@ counter the jitted ones (which the reference tests check against the rules)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -14,7 +15,8 @@ import pytest
 
 from cache_qualify.sim import aot
 from cache_qualify.sim.gathers import GatherTrace
-from cache_qualify.sim.rowcache import POLICIES, RowCache
+from cache_qualify.sim.layout import POLICIES
+from cache_qualify.sim.rowcache import RowCache
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +105,18 @@ def test_each_policy_is_in_its_part_and_the_parts_hold_every_policy(built: tuple
     assert sorted(p for names in exported.values() for p in names) == sorted(POLICIES)
     assert all(policy in exported[aot.part_of(policy)] for policy in POLICIES)
     assert len(built) == aot.PARTS > 1 and all(exported.values())
+
+
+def test_a_build_removes_other_stamps_builds_only_once_they_are_stale(tmp_path: Path) -> None:
+    """The cache folder may be shared by checkouts and versions, each loading its own stamp's build:
+    a build leaves another stamp's files alone until they are `STALE_AFTER_S` old."""
+    suffix = ".cpython-311-x86_64-linux-gnu.so"
+    own, recent, old = (tmp_path / f"rowcache_kernels_{key}_0{suffix}" for key in ("a" * 16, "b" * 16, "c" * 16))
+    note = tmp_path / f"rowcache_kernels_{'c' * 16}.failed"
+    for path in (own, recent, old, note):
+        path.write_text("")
+    week_ago = time.time() - aot.STALE_AFTER_S - 60
+    for path in (own, old, note):
+        os.utime(path, (week_ago, week_ago))
+    aot._remove_stale(tmp_path, "a" * 16)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([own.name, recent.name])

@@ -16,7 +16,8 @@ from cache_qualify.sim.capacity import table_capacities
 from cache_qualify.units import parse_size
 from cache_qualify.sim.emulate import replay, sequence_gathers
 from cache_qualify.sim.reference import ReferenceRowCache
-from cache_qualify.sim.rowcache import POLICIES, RowCache
+from cache_qualify.sim.layout import POLICIES
+from cache_qualify.sim.rowcache import RowCache
 from cache_qualify.trials.workload import study_sequence
 
 

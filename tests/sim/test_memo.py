@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -88,17 +90,22 @@ def test_a_damaged_entry_is_replayed_and_written_again(tmp_path: Path) -> None:
     assert served(worker(ReplayMemo(tmp_path)), sequence) == reference
 
 
-def test_results_of_other_code_are_removed_and_the_folder_stays_bounded(
+def test_results_of_other_code_are_removed_once_stale_and_the_folder_stays_bounded(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    stale = tmp_path / "0123456789abcdef"
-    stale.mkdir()
-    (stale / "x.json").write_text("{}")
+    """Another version's folder is another checkout's (sharing the cache folder) or older code's:
+    kept while it is in use, removed once nothing was written to it for `STALE_AFTER_S`."""
+    stale, recent = tmp_path / "0123456789abcdef", tmp_path / "fedcba9876543210"
+    for other in (stale, recent):
+        other.mkdir()
+        (other / "x.json").write_text("{}")
+    week_ago = time.time() - memo_module.STALE_AFTER_S - 60
+    os.utime(stale, (week_ago, week_ago))
     monkeypatch.setattr(memo_module, "MAX_ENTRIES", 4)
     memo = ReplayMemo(tmp_path)
     counters = [CacheCounters(1, 0, 1, 1, 0, 0, 1, 8)]
     for i in range(5):
         memo.put(f"{i:040x}", (1,), counters)
-    assert not stale.exists()
+    assert not stale.exists() and (recent / "x.json").exists()
     memo._bound()
     assert len(list(memo.folder.glob("*.json"))) == 3   # the oldest half of five (two) dropped
 

@@ -13,7 +13,8 @@ from scipy import stats
 from cache_qualify.sim.gathers import GatherTrace
 from cache_qualify.sim.naive import naive_replay
 from cache_qualify.sim.reference import ReferenceRowCache
-from cache_qualify.sim.rowcache import POLICIES, CacheCounters, RowCache
+from cache_qualify.sim.layout import POLICIES
+from cache_qualify.sim.rowcache import CacheCounters, RowCache
 
 
 def rows(*ids: int) -> np.ndarray:

@@ -1,0 +1,153 @@
+"""A real llama-server process on a free 127.0.0.x port, for tests: start, wait for ``/health``, stop.
+
+`llama_server_binary` builds or finds the binary (`tests.support.llama_build`; a binary of
+one's own is taken from ``$CACHE_QUALIFY_LLAMA_SERVER``) and FAILS the test, never skips
+it, when it cannot be built; `start_llama_server` runs it with the
+test's flags, its output in a log file, and raises :class:`ServerExited` (exit status
+and the log's tail) when it exits before it is ready.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cache_qualify.lab.control import free_port
+from tests.support import llama_build
+
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+LOG_TAIL_LINES = 20
+OWN_BINARY = "CACHE_QUALIFY_LLAMA_SERVER"
+
+
+class ServerExited(Exception):
+    """llama-server exited before it was ready; the message has its exit status and log tail."""
+
+    def __init__(self, message: str, *, status: int, log: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.log = log
+
+
+def llama_server_binary() -> Path:
+    """The built llama-server (built now if missing); fails the calling test if it cannot be built."""
+    own = os.environ.get(OWN_BINARY)
+    if own:
+        if not os.access(own, os.X_OK):
+            pytest.fail(f"${OWN_BINARY} is {own!r}, which is not an executable file", pytrace=False)
+        return Path(own)
+    try:
+        return llama_build.ensure_built()
+    except llama_build.BuildFailed as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@dataclass
+class LlamaServer:
+    """One llama-server process; `health` holds the ``/health`` answers seen while it started."""
+
+    address: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    start_s: float = 0.0   # from spawning the process to the first ``/health`` 200
+    health: list[tuple[int, str]] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, pattern: re.Pattern[str], timeout_s: float = 5.0) -> str:
+        """The log once `pattern` is in it. llama-server writes its log from a thread of its own,
+        so a line printed before ``/health`` turned 200 can reach the file a few ms after it."""
+        deadline = time.monotonic() + timeout_s
+        while not pattern.search(log := self.log()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{pattern.pattern!r} did not appear in {self.log_path} within "
+                                   f"{timeout_s:g} s; the log ends:\n{self.log_tail()}")
+            time.sleep(0.002)
+        return log
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
+
+    def stop(self) -> int:
+        """Stop the server (SIGTERM, then SIGKILL after `STOP_TIMEOUT_S`); its exit status."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def _worker_address() -> str:
+    """127.0.0.x for this xdist worker, apart from the addresses other fixtures use."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return f"127.0.0.{60 + (int(worker[2:]) if worker[2:].isdigit() else 0) % 20}"
+
+
+def start_llama_server(binary: Path, model: Path, log_path: Path, flags: Sequence[str] = (), *,
+                       address: str | None = None, ready_timeout_s: float = READY_TIMEOUT_S
+                       ) -> LlamaServer:
+    """Start ``binary -m model --host address --port P *flags`` and wait till ``/health`` is 200.
+
+    Raises :class:`ServerExited` when it exits first, TimeoutError when it is not ready in time.
+    """
+    address = address or _worker_address()
+    port = free_port([address])
+    command = [str(binary), "-m", str(model), "--host", address, "--port", str(port), *flags]
+    with open(log_path, "wb") as log:
+        started = time.monotonic()
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    server = LlamaServer(address, port, process, log_path)
+    deadline = started + ready_timeout_s
+    with httpx.Client(base_url=server.base_url, timeout=5.0) as client:
+        while True:
+            status = process.poll()
+            if status is not None:
+                raise ServerExited(f"llama-server exited with status {status} before it was ready; "
+                                   f"its log ends:\n{server.log_tail()}", status=status, log=server.log())
+            try:
+                answer = client.get("/health")
+            except httpx.TransportError:
+                pass   # not listening yet
+            else:
+                if not server.health or server.health[-1] != (answer.status_code, answer.text):
+                    server.health.append((answer.status_code, answer.text))
+                if answer.status_code == 200:
+                    server.start_s = time.monotonic() - started
+                    return server
+            if time.monotonic() > deadline:
+                server.stop()
+                raise TimeoutError(f"llama-server was not ready within {ready_timeout_s:g} s; its log "
+                                   f"ends:\n{server.log_tail()}")
+            time.sleep(0.005)
+
+
+@contextmanager
+def running_llama_server(binary: Path, model: Path, log_path: Path, flags: Sequence[str] = (), *,
+                         address: str | None = None, ready_timeout_s: float = READY_TIMEOUT_S
+                         ) -> Iterator[LlamaServer]:
+    """`start_llama_server`, stopped on the way out."""
+    server = start_llama_server(binary, model, log_path, flags, address=address,
+                                ready_timeout_s=ready_timeout_s)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,45 @@
+"""The `cache-qualify` command: every subcommand's parser builds from its module of `cache_qualify.cli`,
+and no module of the library builds a parser of the command."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from cache_qualify import cli
+from cache_qualify.cli import main
+
+PACKAGE = Path(cli.__file__).resolve().parent.parent
+
+
+def test_the_command_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit, match="0"):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: cache-qualify") and "the suite's tools, each a subcommand" in out
+    for name in cli._OWNERS:
+        assert f"    {name}" in out, name
+
+
+@pytest.mark.parametrize("name", sorted(cli._OWNERS))
+def test_each_subcommand_describes_itself(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit, match="0"):
+        main([name, "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: cache-qualify {name}")
+    description = out.split("\n\n")[1]
+    assert len(description) > 30 and not description.lstrip().startswith(("-h", "positional", "options")), out
+
+
+def test_no_library_module_adds_a_subcommand() -> None:
+    """`register(subparsers)` lives in cache_qualify.cli only: the library takes values, not argv."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "cli" in path.relative_to(PACKAGE).parts:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        found += [f"{path.relative_to(PACKAGE)}:{node.lineno}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and node.attr == "add_parser"]
+    assert not found, "subcommands added outside cache_qualify.cli: " + ", ".join(found)

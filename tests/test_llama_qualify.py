@@ -1,0 +1,197 @@
+"""A real llama-server qualified end to end: `pytest qualify` with `server.runtime: llama-cpp` and no
+`metrics:` or `measurements:` entries, on the committed examples (examples/llama-cpp*.yaml), over
+the local transport and over a real OpenSSH sshd with strict host keys.
+
+The server is llama.cpp's, built CPU-only from the llama.cpp source of the pinned llama-cpp-python
+sdist (`tests.support.llama_build`: built when missing, and these tests FAIL when it cannot be),
+serving a seeded random-weight model of one layer (`tests.support.tiny_model`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+
+from cache_qualify.lab.control import free_port
+from tests.labfixtures import REPO, QualifyRun, run_qualify
+from tests.support.llama_server import _worker_address, llama_server_binary
+from tests.support.tiny_model import TinyModel, make_tiny_model
+
+if TYPE_CHECKING:
+    from tests.sshd import SshdInstance, SshdLab
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("llama-qualify")]
+
+EXAMPLE = REPO / "examples" / "llama-cpp.yaml"
+RESEND = REPO / "examples" / "llama-cpp-resend.yaml"
+SHIFTED = REPO / "examples" / "llama-cpp-shifted.yaml"
+EXAMPLE_MODEL = "/srv/models/model.gguf"
+EXAMPLE_BINARY = "/opt/llama.cpp/build/bin/llama-server"
+# the test machine's page cache is shared by every test running beside these: the drop is run and
+# checked before every start, and leaves the cache alone (the default drop is tested on its own)
+NO_DROP = "echo 'test lab: page cache left in place'"
+
+Inventory = Callable[..., Path]
+
+
+@pytest.fixture(scope="module")
+def binary() -> Path:
+    return llama_server_binary()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    return make_tiny_model(tmp_path_factory.mktemp("llama-model"))
+
+
+def example_inventory(binary: Path, model: TinyModel, folder: Path, *, builds: Mapping[str, Any] | None = None,
+                      host: Mapping[str, Any] | None = None, ssh: Mapping[str, Any] | None = None,
+                      **top: Any) -> Path:
+    """examples/llama-cpp.yaml as a lab runner would adapt it: the built binary and the tiny model in
+    place of the example's paths, a free port, one compute thread (the tests share two cores)."""
+    data = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
+    address = _worker_address()
+    server = data["server"]
+    assert EXAMPLE_MODEL in server["command"]
+    server.update(command=server["command"].replace(EXAMPLE_MODEL, str(model.path)) + " -t 1",
+                  http_port=free_port([address]), run_dir=str(folder / "on-host"), drop_caches=NO_DROP)
+    data["hosts"] = [{**data["hosts"][0], "address": address, **(host or {})}]
+    for build in data["builds"].values():
+        assert build["path"] == EXAMPLE_BINARY
+        build["path"] = str(binary)
+    data["builds"].update({name: {"path": str(binary), **spec} for name, spec in (builds or {}).items()})
+    if ssh is not None:
+        data["ssh"] = dict(ssh)
+    data.update(top)
+    path = folder / "llama-cpp.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def inventory(binary: Path, model: TinyModel, tmp_path: Path) -> Inventory:
+    def make(**edits: Any) -> Path:
+        return example_inventory(binary, model, tmp_path, **edits)
+    return make
+
+
+def qualify(inventory: Path, tmp_path: Path, scenario: Path, *args: str) -> QualifyRun:
+    return run_qualify(inventory, tmp_path / "reports", "--scenario", str(scenario), *args, timeout_s=600)
+
+
+def outcomes(run: QualifyRun) -> dict[str, str]:
+    """Each test case's outcome: passed, failed or skipped."""
+    result = {}
+    for name, case in run.testcases().items():
+        failed = case.find("failure") is not None or case.find("error") is not None
+        result[name] = "failed" if failed else "skipped" if case.find("skipped") is not None else "passed"
+    return result
+
+
+def trials(run: QualifyRun) -> list[dict[str, str]]:
+    import csv
+    with (run.run_dir() / "trials.csv").open(encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def samples_of(run: QualifyRun, metric: str, build: str) -> list[float]:
+    import csv
+    with (run.run_dir() / "samples.csv").open(encoding="utf-8") as f:
+        return [float(r["value"]) for r in csv.DictReader(f)
+                if r["metric"] == metric and r["build"] == build and r["host"] == "all"]
+
+
+def test_a_host_memory_prompt_cache_passes_on_exact_re_sends(inventory: Inventory, tmp_path: Path) -> None:
+    run = qualify(inventory(), tmp_path, RESEND)
+    assert run.returncode == 0, run.output
+    seen = outcomes(run)
+    for gain in ("hit_rate-gain[A-again]", "hit_rate-gain[B-again]", "prompt_time_s-gain[A-again]",
+                 "prompt_time_s-gain[B-again]"):
+        assert seen[f"test_row_cache[{gain}]"] == "passed", run.output
+    assert seen["test_kv_pages[kv_pages-no_regression[startup]]"] == "passed"
+    assert seen["test_no_prefix_cache_reuse[llama-cpp-resend]"] == "passed"   # measured, never voided
+    assert {t["outcome"] for t in trials(run)} == {"ok"}
+    cached = samples_of(run, "cached_tokens", "ram-cache")
+    assert cached and max(cached) == 4_999                    # a re-send recomputes its last token
+    assert samples_of(run, "kv_pages", "ram-cache")[0] == 8_192  # n_ctx_slot of the tiny model
+    summary = (run.run_dir() / "summary.md").read_text(encoding="utf-8")
+    for absent in ("Evictions", "Refused inserts", "Readiness wait"):
+        assert absent not in summary, absent
+    assert "Prompt time" in summary and "Hit rate" in summary
+
+
+def test_reuse_by_kv_shifting_passes_on_re_reads_that_drop_their_first_tokens(inventory: Inventory,
+                                                                             tmp_path: Path) -> None:
+    run = qualify(inventory(), tmp_path, SHIFTED, "--baseline", "one-slot", "--candidate", "cache-reuse")
+    assert run.returncode == 0, run.output
+    seen = outcomes(run)
+    assert seen["test_row_cache[hit_rate-gain[A-shifted]]"] == "passed"
+    assert seen["test_row_cache[prompt_time_s-gain[B-shifted]]"] == "passed"
+    assert max(samples_of(run, "cached_tokens", "cache-reuse")) == 4_983   # 5,000 - 16 - the last one
+
+
+def test_a_build_against_itself_passes_no_gain(inventory: Inventory, tmp_path: Path) -> None:
+    run = qualify(inventory(), tmp_path, RESEND, "--candidate", "no-ram-cache", "--max-trials", "4")
+    assert run.returncode == 1, run.output
+    seen = outcomes(run)
+    gains = [name for name in seen if "-gain[" in name]
+    assert len(gains) == 4 and all(seen[name] == "failed" for name in gains), seen
+
+
+def test_a_smaller_context_fails_kv_non_regression(inventory: Inventory, tmp_path: Path) -> None:
+    small = {"small-context": {"description": "the baseline with three quarters of the context", "flags": [
+        "--cache-ram", "0", "-c", "6144"]}}
+    run = qualify(inventory(builds=small), tmp_path, RESEND, "--candidate", "small-context", "--max-trials", "4")
+    assert run.returncode == 1, run.output
+    case = run.testcases()["test_kv_pages[kv_pages-no_regression[startup]]"]
+    failure = case.find("failure")
+    assert failure is not None, run.output
+    assert "FAIL kv_pages-no_regression[startup]" in (failure.get("message") or "") + (failure.text or "")
+    assert set(samples_of(run, "kv_pages", "small-context")) == {6144}
+
+
+def test_a_server_that_exits_at_start_names_host_rank_status_and_its_log(inventory: Inventory,
+                                                                          tmp_path: Path) -> None:
+    bad = {"bad-flag": {"description": "a flag llama-server does not know", "flags": ["--no-such-flag"]}}
+    run = qualify(inventory(builds=bad), tmp_path, RESEND, "--candidate", "bad-flag")
+    assert run.returncode == 1
+    failure = run.testcases()["test_all_ranks_started[llama-cpp-resend]"].find("failure")
+    assert failure is not None, run.output
+    text = (failure.get("message") or "") + (failure.text or "")
+    assert "build 'bad-flag'" in text and "host cpu0 rank 0" in text, text
+    assert "exit status 1" in text and "error: invalid argument: --no-such-flag" in text, text
+
+
+def test_a_scenario_asserting_what_llama_server_does_not_export_is_refused_before_any_start(
+        inventory: Inventory, tmp_path: Path) -> None:
+    path = inventory()
+    run = run_qualify(path, tmp_path / "reports")          # the default scenario: the RowCache study's
+    assert run.returncode == 4, run.output
+    assert "runtime llama-cpp does not export 'readiness_wait_ns'; it exports: hits, misses, hit_rate, " \
+           "prompt_time_s, client_time_s, kv_pages, startup_s" in run.output
+    assert "expectations[2].metric" in run.output
+    on_host = yaml.safe_load(path.read_text(encoding="utf-8"))["server"]["run_dir"]
+    assert not Path(on_host).exists(), "a server was started"
+
+
+@pytest.fixture
+def over_ssh(sshd_lab: SshdLab, sshd_host: SshdInstance, inventory: Inventory, tmp_path: Path) -> Path:
+    """The example inventory with its host reached over a real sshd whose key is in a strict known_hosts."""
+    known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts", sshd_host)
+    return inventory(host={"address": sshd_host.address, "port": sshd_host.port, "transport": "ssh"},
+                     ssh={"user": sshd_lab.user, "identity_file": str(sshd_lab.client_key), "use_agent": False,
+                          "known_hosts": [str(known_hosts)], "host_key_policy": "strict", "ssh_config": None})
+
+
+@pytest.mark.sshd
+def test_the_prompt_cache_passes_over_a_real_sshd(over_ssh: Path, tmp_path: Path) -> None:
+    run = qualify(over_ssh, tmp_path, RESEND)
+    assert run.returncode == 0, run.output
+    assert outcomes(run)["test_row_cache[hit_rate-gain[A-again]]"] == "passed"
+    plan = json.loads((run.run_dir() / "plan.json").read_text(encoding="utf-8"))
+    assert plan["lab"] == "llama-cpu"

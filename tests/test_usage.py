@@ -1,0 +1,41 @@
+"""First contact: `pytest qualify` without an inventory says what to give, in one line, exit status 4."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.labfixtures import REPO
+
+USAGE = ("ERROR: the qualification needs the lab's inventory: --hosts HOSTS_YAML (the simulated lab: "
+         "pytest qualify --hosts hosts.yaml)")
+USAGE_ERROR = 4   # pytest.ExitCode.USAGE_ERROR
+
+
+def pytest_run(*args: str, cwd: Path) -> tuple[int, list[str]]:
+    """A real pytest's exit status and the non-empty lines of its output (stdout and stderr)."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+    return proc.returncode, [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("args", [("qualify",), ("qualify", "-n", "2"), ("qualify/test_startup.py",)])
+def test_pytest_qualify_without_hosts_prints_one_usage_line(args: tuple[str, ...]) -> None:
+    status, lines = pytest_run(*args, cwd=REPO)
+    assert (status, lines) == (USAGE_ERROR, [USAGE])
+
+
+def test_a_bare_pytest_that_finds_the_qualification_tests_stops_the_same_way(tmp_path: Path) -> None:
+    """A lab runner's folder (the qualification tests and an inventory, no pytest configuration):
+    pytest finds the tests while collecting, after printing its header, and stops there with the
+    same line: no collection error, no traceback."""
+    shutil.copytree(REPO / "qualify", tmp_path / "qualify", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "hosts.yaml", tmp_path / "hosts.yaml")
+    status, lines = pytest_run(cwd=tmp_path)
+    assert status == USAGE_ERROR, lines
+    assert [line for line in lines if "error" in line.lower()] == [USAGE], lines
+    assert lines[-1] == USAGE and not any(".py:" in line for line in lines), lines   # no frame of a traceback
