@@ -25,7 +25,9 @@ import sqlalchemy as sa
 from cache_qualify.cli import main
 from cache_qualify.errors import HistoryError
 from cache_qualify.history import schema
+from cache_qualify.history.series import series_of
 from cache_qualify.history.store import History, default_url
+from cache_qualify.report.render import render_run
 from tests import history_sim
 from tests.postgres import Postgres, postgres_server
 from cache_qualify.stats.validation import binomial_bound
@@ -86,23 +88,44 @@ def test_import_twice_gives_the_same_database(tmp_path: Path, history_url: str,
     assert all(str(r["started"]).startswith("2026-01-0") for r in runs)
 
 
-def test_schema_upgrades_in_place(tmp_path: Path, history_url: str) -> None:
+def _as_version(conn: sa.Connection, version: int) -> None:
+    """The database as an older suite left it at `version`: what the later versions added dropped."""
+    if version < 3:
+        for statement in ("DROP TABLE flagged_starts", "DROP TABLE quantities", "ALTER TABLE runs DROP COLUMN summary"):
+            conn.execute(sa.text(statement))
+    if version < 2:
+        conn.execute(sa.text("ALTER TABLE trials DROP COLUMN host_group"))
+    conn.execute(schema.schema_version.update().values(version=version))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_schema_upgrades_in_place(tmp_path: Path, history_url: str, version: int) -> None:
     folder = history_sim.write_series(tmp_path / "reports", history_sim.quiet_series(np.random.default_rng(4), 1))[0]
+    render_run(folder, plots=False)  # its summary, as the run's end writes it
     with History(history_url) as history:
         history.record(folder)
         before = history.dump()
+    assert before["quantities"] and before["runs"][0][-1] is not None  # units and the summary, recorded
     engine = sa.create_engine(history_url)
-    with engine.begin() as conn:  # the database as version 1 left it
-        conn.execute(sa.text("ALTER TABLE trials DROP COLUMN host_group"))
-        conn.execute(schema.schema_version.update().values(version=1))
+    with engine.begin() as conn:
+        _as_version(conn, version)
     with History(history_url) as history:
-        assert history.upgrade() == 1
-        assert history.dump() == before  # the rows kept, the column back (empty, as it was)
+        assert history.upgrade() == version
+        upgraded = history.dump()
+        # the rows kept, the columns and tables back, empty as the older suite left them
+        assert upgraded["trials"] == before["trials"] and upgraded["verdicts"] == before["verdicts"]
+        assert upgraded["quantities"] == [] and upgraded["runs"][0][-1] is None
+        (found,) = series_of(history.values())  # read as the study's runtime measured it, as a report does
+        assert (found.metric, found.unit, found.title) == ("hit_rate", "fraction", "Hit rate")
+        assert [row[:-1] for row in upgraded["runs"]] == [row[:-1] for row in before["runs"]]
+        assert history.record(folder) == 0  # importing the folder again fills them in
+        assert history.dump() == before
     with engine.begin() as conn:
         assert schema.current_version(conn) == schema.SCHEMA_VERSION
         conn.execute(schema.schema_version.update().values(version=schema.SCHEMA_VERSION + 1))
     engine.dispose()
-    with History(history_url) as history, pytest.raises(HistoryError, match=r"schema version 3, newer than this"):
+    newer = schema.SCHEMA_VERSION + 1
+    with History(history_url) as history, pytest.raises(HistoryError, match=rf"schema version {newer}, newer than this"):
         history.runs()
 
 
