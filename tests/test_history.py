@@ -3,7 +3,8 @@
 Against SQLite and a real PostgreSQL the tests start themselves (tests/postgres.py),
 on run folders written by the suite's own writers from simulated series
 (tests/history_sim.py); the page is opened in a real headless Chromium. Whole
-qualifications writing the history live are in tests/test_history_runs.py.
+qualifications writing the history live are in tests/test_history_runs.py, the page a lab engineer
+reads in tests/test_history_page.py.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import shutil
 import subprocess
 import sys
 import time
@@ -30,10 +30,8 @@ from cache_qualify.history.store import History, default_url
 from cache_qualify.report.render import render_run
 from tests import history_sim
 from tests.postgres import Postgres, postgres_server
+from tests.support.chromium import browser_problems, chromium
 from cache_qualify.stats.validation import binomial_bound
-
-CHROMIUM_HINT = "install Chromium and its driver from the distribution: apt-get install -y chromium chromium-driver"
-
 
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[Postgres]:
@@ -295,46 +293,33 @@ def test_bad_history_url_is_explained(capsys: pytest.CaptureFixture[str]) -> Non
     assert "the folder /no/such/folder does not exist" in capsys.readouterr().err
 
 
-def chromium() -> object:
-    """A headless Chromium through Selenium, the distribution's browser and driver."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if browser is None or driver is None:
-        pytest.fail(f"Chromium or chromedriver is missing; {CHROMIUM_HINT}", pytrace=False)
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(driver), options=options)
-
-
 @ON_STEPPED
-def test_page_loads_in_a_browser_with_every_run_and_its_plots(stepped: Path, tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_page_loads_in_a_browser_with_every_run_and_its_trends(stepped: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A page written outside the reports folder: every run in the table, the change point in its
+    trend's caption, each run linked to where its folder was recorded (these runs have no summary)."""
     folders = sorted(p for p in stepped.iterdir() if p.is_dir())
     out = cli(capsys, "history", "html", str(tmp_path / "page"), "--reports-dir", str(stepped))
     page = Path(out.strip())
     assert page == tmp_path / "page" / "index.html"
     driver = chromium()
     try:
-        driver.get(page.as_uri())  # type: ignore[attr-defined]
-        run_ids = driver.execute_script(  # type: ignore[attr-defined]
+        driver.get(page.as_uri())
+        run_ids = driver.execute_script(
             "return [...document.querySelectorAll('#runs tr[data-run]')].map(r => r.dataset.run)")
         assert run_ids == [f.name for f in folders]
-        plots = driver.execute_script(  # type: ignore[attr-defined]
-            "return [...document.querySelectorAll('img.plot')].map(i => [i.complete, i.naturalWidth, i.alt])")
-        assert plots and all(done and width > 100 for done, width, _ in plots), plots
-        assert any("changed between run019 and run020" in alt for _, _, alt in plots), plots
-        fetched = driver.execute_script(  # type: ignore[attr-defined]
-            "return performance.getEntriesByType('resource').map(e => e.name)")
+        links = driver.execute_script("return [...document.querySelectorAll('#runs a.summary')].map(a => a.href)")
+        assert links == [f.resolve().as_uri() for f in folders]
+        trends = driver.execute_script(
+            "return [...document.querySelectorAll('figure.trend')].map(f => [f.querySelector('svg').getBBox().width,"
+            " f.querySelector('figcaption').textContent])")
+        assert trends and all(width > 100 for width, _ in trends), trends
+        assert any("changed between run019 (c19) and run020 (c20)" in caption for _, caption in trends), trends
+        fetched = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
         assert all(name.startswith("data:") for name in fetched), fetched  # self-contained: no fetches
-        errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]  # type: ignore[attr-defined]
-        assert errors == []
+        assert browser_problems(driver) == []
     finally:
-        driver.quit()  # type: ignore[attr-defined]
+        driver.quit()
 
 
 def test_history_url_from_the_inventory_or_the_command_line_is_checked(tmp_path: Path) -> None:
