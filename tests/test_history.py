@@ -3,7 +3,8 @@
 Against SQLite and a real PostgreSQL the tests start themselves (tests/postgres.py),
 on run folders written by the suite's own writers from simulated series
 (tests/history_sim.py); the page is opened in a real headless Chromium. Whole
-qualifications writing the history live are in tests/test_history_runs.py.
+qualifications writing the history live are in tests/test_history_runs.py, the page a lab engineer
+reads in tests/test_history_page.py.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import shutil
 import subprocess
 import sys
 import time
@@ -25,13 +25,13 @@ import sqlalchemy as sa
 from cache_qualify.cli import main
 from cache_qualify.errors import HistoryError
 from cache_qualify.history import schema
+from cache_qualify.history.series import series_of
 from cache_qualify.history.store import History, default_url
+from cache_qualify.report.render import render_run
 from tests import history_sim
 from tests.postgres import Postgres, postgres_server
+from tests.support.chromium import browser_problems, chromium
 from cache_qualify.stats.validation import binomial_bound
-
-CHROMIUM_HINT = "install Chromium and its driver from the distribution: apt-get install -y chromium chromium-driver"
-
 
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[Postgres]:
@@ -86,23 +86,44 @@ def test_import_twice_gives_the_same_database(tmp_path: Path, history_url: str,
     assert all(str(r["started"]).startswith("2026-01-0") for r in runs)
 
 
-def test_schema_upgrades_in_place(tmp_path: Path, history_url: str) -> None:
+def _as_version(conn: sa.Connection, version: int) -> None:
+    """The database as an older suite left it at `version`: what the later versions added dropped."""
+    if version < 3:
+        for statement in ("DROP TABLE flagged_starts", "DROP TABLE quantities", "ALTER TABLE runs DROP COLUMN summary"):
+            conn.execute(sa.text(statement))
+    if version < 2:
+        conn.execute(sa.text("ALTER TABLE trials DROP COLUMN host_group"))
+    conn.execute(schema.schema_version.update().values(version=version))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_schema_upgrades_in_place(tmp_path: Path, history_url: str, version: int) -> None:
     folder = history_sim.write_series(tmp_path / "reports", history_sim.quiet_series(np.random.default_rng(4), 1))[0]
+    render_run(folder, plots=False)  # its summary, as the run's end writes it
     with History(history_url) as history:
         history.record(folder)
         before = history.dump()
+    assert before["quantities"] and before["runs"][0][-1] is not None  # units and the summary, recorded
     engine = sa.create_engine(history_url)
-    with engine.begin() as conn:  # the database as version 1 left it
-        conn.execute(sa.text("ALTER TABLE trials DROP COLUMN host_group"))
-        conn.execute(schema.schema_version.update().values(version=1))
+    with engine.begin() as conn:
+        _as_version(conn, version)
     with History(history_url) as history:
-        assert history.upgrade() == 1
-        assert history.dump() == before  # the rows kept, the column back (empty, as it was)
+        assert history.upgrade() == version
+        upgraded = history.dump()
+        # the rows kept, the columns and tables back, empty as the older suite left them
+        assert upgraded["trials"] == before["trials"] and upgraded["verdicts"] == before["verdicts"]
+        assert upgraded["quantities"] == [] and upgraded["runs"][0][-1] is None
+        (found,) = series_of(history.values())  # read as the study's runtime measured it, as a report does
+        assert (found.metric, found.unit, found.title) == ("hit_rate", "fraction", "Hit rate")
+        assert [row[:-1] for row in upgraded["runs"]] == [row[:-1] for row in before["runs"]]
+        assert history.record(folder) == 0  # importing the folder again fills them in
+        assert history.dump() == before
     with engine.begin() as conn:
         assert schema.current_version(conn) == schema.SCHEMA_VERSION
         conn.execute(schema.schema_version.update().values(version=schema.SCHEMA_VERSION + 1))
     engine.dispose()
-    with History(history_url) as history, pytest.raises(HistoryError, match=r"schema version 3, newer than this"):
+    newer = schema.SCHEMA_VERSION + 1
+    with History(history_url) as history, pytest.raises(HistoryError, match=rf"schema version {newer}, newer than this"):
         history.runs()
 
 
@@ -272,46 +293,33 @@ def test_bad_history_url_is_explained(capsys: pytest.CaptureFixture[str]) -> Non
     assert "the folder /no/such/folder does not exist" in capsys.readouterr().err
 
 
-def chromium() -> object:
-    """A headless Chromium through Selenium, the distribution's browser and driver."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if browser is None or driver is None:
-        pytest.fail(f"Chromium or chromedriver is missing; {CHROMIUM_HINT}", pytrace=False)
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(driver), options=options)
-
-
 @ON_STEPPED
-def test_page_loads_in_a_browser_with_every_run_and_its_plots(stepped: Path, tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_page_loads_in_a_browser_with_every_run_and_its_trends(stepped: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A page written outside the reports folder: every run in the table, the change point in its
+    trend's caption, each run linked to where its folder was recorded (these runs have no summary)."""
     folders = sorted(p for p in stepped.iterdir() if p.is_dir())
     out = cli(capsys, "history", "html", str(tmp_path / "page"), "--reports-dir", str(stepped))
     page = Path(out.strip())
     assert page == tmp_path / "page" / "index.html"
     driver = chromium()
     try:
-        driver.get(page.as_uri())  # type: ignore[attr-defined]
-        run_ids = driver.execute_script(  # type: ignore[attr-defined]
+        driver.get(page.as_uri())
+        run_ids = driver.execute_script(
             "return [...document.querySelectorAll('#runs tr[data-run]')].map(r => r.dataset.run)")
         assert run_ids == [f.name for f in folders]
-        plots = driver.execute_script(  # type: ignore[attr-defined]
-            "return [...document.querySelectorAll('img.plot')].map(i => [i.complete, i.naturalWidth, i.alt])")
-        assert plots and all(done and width > 100 for done, width, _ in plots), plots
-        assert any("changed between run019 and run020" in alt for _, _, alt in plots), plots
-        fetched = driver.execute_script(  # type: ignore[attr-defined]
-            "return performance.getEntriesByType('resource').map(e => e.name)")
+        links = driver.execute_script("return [...document.querySelectorAll('#runs a.summary')].map(a => a.href)")
+        assert links == [f.resolve().as_uri() for f in folders]
+        trends = driver.execute_script(
+            "return [...document.querySelectorAll('figure.trend')].map(f => [f.querySelector('svg').getBBox().width,"
+            " f.querySelector('figcaption').textContent])")
+        assert trends and all(width > 100 for width, _ in trends), trends
+        assert any("changed between run019 (c19) and run020 (c20)" in caption for _, caption in trends), trends
+        fetched = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
         assert all(name.startswith("data:") for name in fetched), fetched  # self-contained: no fetches
-        errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]  # type: ignore[attr-defined]
-        assert errors == []
+        assert browser_problems(driver) == []
     finally:
-        driver.quit()  # type: ignore[attr-defined]
+        driver.quit()
 
 
 def test_history_url_from_the_inventory_or_the_command_line_is_checked(tmp_path: Path) -> None:

@@ -77,6 +77,10 @@ def test_two_runners_write_one_postgresql_at_once(tmp_path: Path, postgres: Post
     runs = runs_json(url, tmp_path)
     listed = sorted((str(r["run_id"]), r["outcome"], r["trials"], r["finished"], r["exit_status"]) for r in runs)
     assert listed == [("runner-a", "pass", TRIALS, True, 0), ("runner-b", "pass", TRIALS, True, 0)], runs
+    # each run's summary, as its end rendered it before recording the end (the page links to it)
+    assert sorted(str(r["summary"]) for r in runs) == [
+        str((tmp_path / f"reports-{x}" / f"runner-{x}" / "summary.md").resolve()) for x in "ab"]
+    assert all(Path(str(r["summary"])).is_file() for r in runs)
     with History(url) as history:
         live = history.dump()
         # what the runners wrote as they went is what importing their folders gives: nothing is added
