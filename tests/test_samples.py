@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from cache_qualify.errors import SamplesError
 from cache_qualify.samples import runfolder
-from cache_qualify.samples.store import FAILED, OK, SAMPLE_COLUMNS, TRIAL_COLUMNS, SampleStore, TrialRow, new_attempt
+from cache_qualify.samples.store import (FAILED, OK, OLD_TRIAL_COLUMNS, SAMPLE_COLUMNS, TRIAL_COLUMNS, SampleStore,
+                                         TrialRow, new_attempt)
 
 
 def trial_row(build: str, trial: int, attempt: str, outcome: str = OK) -> TrialRow:
@@ -41,7 +43,7 @@ def test_round_trip_keeps_values_and_only_finished_ok_trials(store: SampleStore)
     store.add_trial(trial_row("set4", 1, failed, FAILED))
 
     samples = store.samples()
-    assert list(samples.columns) == list(SAMPLE_COLUMNS)
+    assert list(samples.columns) == [*SAMPLE_COLUMNS, "group"]   # each sample with its trial's host group
     assert set(samples["attempt"]) == {ok}
     values = dict(zip(samples["metric"], samples["value"]))
     assert values["hits"] == 80300 and values["hit_rate"] == 0.0941904898  # repr round-trips floats exactly
@@ -90,7 +92,7 @@ def test_missing_file_is_an_error(tmp_path: Path) -> None:
 def test_wrong_header_names_expected_and_found(store: SampleStore) -> None:
     store.trials_path.write_text("run,build,outcome\nr1,set4,ok\n", encoding="utf-8")
     with pytest.raises(SamplesError, match=r"trials\.csv: expected the header run,scenario,build,trial,.*"
-                                           r"finished_at, found run,build,outcome"):
+                                           r"finished_at,group, found run,build,outcome"):
         store.trials()
 
 
@@ -231,3 +233,17 @@ def test_a_plan_from_before_or_after_a_field_was_added_still_loads(tmp_path: Pat
     assert Plan.from_json(newer, path=tmp_path / "plan.json").version == PLAN_VERSION + 1
     with pytest.raises(SamplesError, match=r"plan\.json: seed: input should be a valid integer.*found 'x'"):
         Plan.from_json({**old, "seed": "x"}, path=tmp_path / "plan.json")
+
+
+def test_a_trials_file_written_before_trials_named_their_group_is_read_and_appended_to(store: SampleStore) -> None:
+    old = ",".join(OLD_TRIAL_COLUMNS) + "\n"
+    store.trials_path.write_text(old, encoding="utf-8")
+    first, second = new_attempt(), new_attempt()
+    store.add_trial(trial_row("set4", 0, first))
+    store.add_samples(key("set4", 0, first), "A", [("gb10-a", 0, "hits", 5)])
+    store.create()   # a resume: the header stays the old one, and so do the rows appended
+    store.add_trial(replace(trial_row("set4", 1, second), group="tp-1"))
+    assert store.trials_path.read_text(encoding="utf-8").splitlines()[0] == old.strip()
+    trials = store.trials()
+    assert list(trials["group"]) == ["", ""] and list(trials["attempt"]) == [first, second]
+    assert list(store.samples()["group"]) == [""]
