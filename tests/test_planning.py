@@ -68,7 +68,7 @@ def test_plan_from_a_pilot_uses_the_combined_rows_both_builds_and_the_sd_bound(
     sd = math.sqrt((values["set4"].var(ddof=1) + values["two_choice"].var(ddof=1)) / 2)
     effect = values["two_choice"].mean() - values["set4"].mean()
     expected = planned_trials(effect, sd_upper(sd, 10.0), alpha=0.05, gains=2)
-    assert "all 2 gain(s) pass (each at 94.9%)" in out and f"{SD_CONFIDENCE:.0%} upper confidence limit" in out
+    assert "all 2 gain(s) pass (1 of them sized here) (each at 94.9%)" in out and f"{SD_CONFIDENCE:.0%} upper confidence limit" in out
     assert f"| hit_rate | B-new-start | gain | {100 * values['set4'].mean():.4g} % |" in out
     assert expected is not None and f"| {expected} | {', '.join(map(str, sequential_design(expected)))} |" in out
 
@@ -120,21 +120,44 @@ def test_plan_refuses_missing_inputs_and_unknown_builds(tmp_path: Path, capsys: 
     assert "--candidate 'set8' is not a build of the pilot; it has set4, lru4" in capsys.readouterr().err
 
 
-def test_plan_from_the_emulators_prediction_sizes_only_the_scenario_s_hit_rate_assertions(
+def test_plan_from_the_emulators_prediction_sizes_every_assertion_or_names_it_unsized(
         capsys: pytest.CaptureFixture[str]) -> None:
     """Effect and start-to-start noise from the emulator: the RowCache study's large re-read gain needs the
-    minimum, and first reads are sized as the no_regression they are (not as gains)."""
+    minimum, first reads are sized as the no_regression they are (not as gains), and the assertions the
+    emulator predicts nothing for (the waits, KV pages) are there, unsized, with the reason."""
     assert main(["plan", "--emulate", "--baseline", "set4", "--candidate", "two_choice", "--seeds", "4",
                  "--alpha", "0.01", "--json"]) == 0
-    sizings = {s["request"]: s for s in json.loads(capsys.readouterr().out)}
-    assert set(sizings) == {"B-new-start", "A-third-read", "A", "B", "A-new-start"}
-    reread = sizings["B-new-start"]
+    sizings = {(s["metric"], s["request"]): s for s in json.loads(capsys.readouterr().out)}
+    assert len(sizings) == 8
+    reread = sizings["hit_rate", "B-new-start"]
     assert reread["kind"] == "gain" and reread["null"] == 0.02
     assert 0.80 < reread["baseline_mean"] < 0.93 and reread["candidate_mean"] > 0.97
     assert 0 < reread["sd"] < reread["sd_sized"] < 0.01
     assert reread["trials_per_build"] <= 3
-    first = sizings["A"]
+    first = sizings["hit_rate", "A"]
     assert first["kind"] == "no_regression" and first["trials_per_build"] <= 3
+    for key in (("readiness_wait_ns", "B-new-start"), ("readiness_wait_ns", "A-third-read"), ("kv_pages", "startup")):
+        assert sizings[key]["trials_per_build"] is None
+        assert sizings[key]["note"].startswith(f"the emulator predicts no {key[0]}: give --history URL")
+
+
+def test_plan_emulate_sizes_at_the_scenarios_alpha_and_says_what_it_did_not_size(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --alpha the scenario's 0.01; the header counts the gains it sized, and the recommendation
+    covers every sized assertion and names the unsized ones."""
+    assert main(["plan", "--emulate", "--baseline", "set4", "--candidate", "two_choice", "--seeds", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "at alpha 0.01," in out and "that all 4 gain(s) pass (2 of them sized here)" in out
+    rows = [line for line in out.splitlines() if line.startswith("| hit_rate")]
+    needed = max(int(row.split(" | ")[8]) for row in rows)
+    assert len(rows) == 5
+    assert (f"Recommended: {needed} trials per build (fixed)" in out
+            and "the most that any of the 5 sized assertion(s) needs." in out)
+    assert ("Unsized (3): gain readiness_wait_ns[B-new-start], gain readiness_wait_ns[A-third-read], "
+            "no_regression kv_pages[startup]; the recommendation does not cover them.") in out
+    assert main(["plan", "--emulate", "--baseline", "set4", "--candidate", "two_choice", "--seeds", "4",
+                 "--alpha", "0.05"]) == 0
+    assert "at alpha 0.05," in capsys.readouterr().out
 
 
 def test_plan_prints_values_in_their_units(capsys: pytest.CaptureFixture[str]) -> None:

@@ -179,9 +179,10 @@ def test_t_levels_kept_on_disk_are_the_simulated_ones_and_any_change_simulates_a
     simulated: list[tuple[int, ...]] = []
     real = sequential._simulated_t_levels
 
-    def counted(boundary: Boundary, alpha: float, units: tuple[int, ...], paired: bool) -> tuple[float, ...]:
+    def counted(boundary: Boundary, alpha: float, units: tuple[int, ...], paired: bool,
+                prior_df: int = 0) -> tuple[float, ...]:
         simulated.append(units)
-        return real(boundary, alpha, units, paired)
+        return real(boundary, alpha, units, paired, prior_df)
 
     monkeypatch.setattr(sequential, "_simulated_t_levels", counted)
 

@@ -1,0 +1,42 @@
+"""The history's noise in whole qualifications on the simulated lab: two runs of the default gate
+write the history, and a third one given `--history-noise` pools their noise and decides at a first
+look after 2 blocks, naming the runs it took the noise from (the run loop's wiring of
+`cache_qualify.stats.history_noise`; its error rates are measured in tests/test_history_noise.py)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from tests.labfixtures import run_qualify, write_inventory
+
+pytestmark = pytest.mark.slow
+
+
+def _starts(run_dir: Path) -> dict[str, int]:
+    with (run_dir / "trials.csv").open(encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    return {b: sum(1 for r in rows if r["build"] == b) for b in {r["build"] for r in rows}}
+
+
+def test_a_run_given_history_noise_decides_after_two_blocks_with_the_earlier_runs_noise(tmp_path: Path) -> None:
+    inventory = write_inventory(tmp_path)
+    url = f"sqlite:///{tmp_path / 'history.sqlite'}"
+    earlier = []
+    for seed in (1, 2):
+        run = run_qualify(inventory, tmp_path / f"reports-{seed}", "--history", url, "--seed", str(seed),
+                          "--run-id", f"earlier-{seed}")
+        assert run.returncode == 0, run.output
+        assert _starts(run.run_dir()) == {"set4": 4, "two_choice": 4}   # no --history-noise: the run's own
+        earlier.append(f"earlier-{seed}")
+    run = run_qualify(inventory, tmp_path / "reports-3", "--history", url, "--seed", "3", "--run-id", "pooled",
+                      "--history-noise")
+    assert run.returncode == 0, run.output
+    assert _starts(run.run_dir()) == {"set4": 2, "two_choice": 2}
+    props = {name: {p.get("name"): p.get("value") for p in case.iter("property")}
+             for name, case in run.testcases().items()}
+    waits = [p for name, p in props.items() if "readiness_wait_ns-gain" in name]
+    assert waits and all(p["history_used"] == "True" for p in waits), waits
+    assert all(set(earlier) <= set(p["history_runs"].replace("'", "").strip("[]").split(", ")) for p in waits), waits
