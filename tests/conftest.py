@@ -4,7 +4,7 @@ SSH: ``sshd_lab`` (one per session and xdist worker) starts real OpenSSH sshd
 instances on 127.0.0.x; ``sshd_host`` is a fresh instance per test;
 ``ssh_transport`` an SshTransport logged in to it with strict host-key checking.
 Without sshd these fixtures FAIL with an install hint: never skip.
-HTTP: ``stub_servers`` starts real stub servers (`tests.httpfixtures`) on
+HTTP: ``stub_servers`` starts real stub servers (`tests.support.httpfixtures`) on
 127.0.0.x, stopped after the test.
 """
 
@@ -25,11 +25,11 @@ import pytest
 
 from cache_qualify.lab.transport import LocalTransport, Transport
 from cache_qualify.session.xdist import deal_by_group, tag_xdist_groups
-from tests.httpfixtures import StubServer
+from tests.support.httpfixtures import StubServer
 
 if TYPE_CHECKING:  # paramiko is imported only by sessions that use SSH
     from cache_qualify.lab.transport import SshTransport
-    from tests.sshd import SshdInstance, SshdLab
+    from tests.support.sshd import SshdInstance, SshdLab
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -144,7 +144,7 @@ def _the_suites_cache_folder() -> None:
     """Point every process of the session at the suite's cache folder (a folder the environment
     already names is kept): set before xdist starts its workers, as `_write_bytecode`, so they,
     the simulated ranks and every run the tests start use it, and so do ranks reached through the
-    tests' sshd instances (`tests.sshd` passes it on)."""
+    tests' sshd instances (`tests.support.sshd` passes it on)."""
     from cache_qualify import cachedir
 
     os.environ.setdefault(cachedir.ENV, str(suite_cache_folder()))
@@ -215,7 +215,7 @@ def _run_in_a_temporary_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 @pytest.fixture
 def stub_servers() -> Iterator[Callable[..., StubServer]]:
-    """A factory of :class:`tests.httpfixtures.StubServer` s (``stub_servers("127.0.0.12")``), all
+    """A factory of :class:`tests.support.httpfixtures.StubServer` s (``stub_servers("127.0.0.12")``), all
     stopped afterwards."""
     started: list[StubServer] = []
 
@@ -232,7 +232,7 @@ def stub_servers() -> Iterator[Callable[..., StubServer]]:
 @pytest.fixture(scope="session")
 def sshd_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdLab]:
     """A client key and a factory of sshd instances, all stopped at the end."""
-    from tests.sshd import SshdLab, SshdUnavailable
+    from tests.support.sshd import SshdLab, SshdUnavailable
 
     try:
         lab = SshdLab(tmp_path_factory.mktemp("sshd"))

@@ -27,10 +27,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.labfaults import failures, rows
-from tests.labfixtures import REPO, QualifyRun, qualify_command, small_scenario_option, write_inventory
-from tests.netns import Netns, NetnsUnavailable, leftovers_of, veth
-from tests.sshd import SshdInstance, SshdLab
+from tests.support.labfaults import failures, rows
+from tests.support.labfixtures import REPO, QualifyRun, qualify_command, small_scenario_option, write_inventory
+from tests.support.netns import Netns, NetnsUnavailable, leftovers_of, veth
+from tests.support.sshd import SshdInstance, SshdLab
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slow]
 
@@ -258,7 +258,7 @@ def test_a_lab_opens_one_forward_per_host_and_closes_them_all(sshd_lab: SshdLab,
     route with the connections, reports the port free over it, and closing the lab ends every forward."""
     from cache_qualify.config.inventory import load_inventory
     from cache_qualify.lab.control import Lab
-    from tests.bench_forward import forwarded_lab
+    from tests.support.bench_forward import forwarded_lab
 
     path, instances = forwarded_lab(sshd_lab, tmp_path)
     inventory = load_inventory(path)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench_forward import forwarded_lab
-from tests.labfixtures import REPO, inventory_port, wait_no_sim_processes, write_inventory
-from tests.sshd import SshdLab
+from tests.support.bench_forward import forwarded_lab
+from tests.support.labfixtures import REPO, inventory_port, wait_no_sim_processes, write_inventory
+from tests.support.sshd import SshdLab
 
 NUMBER = r"\d+(?:\.\d+)?"
 REQUESTS = ("A", "A-new-start", "B", "B-new-start", "A-third-read")

@@ -19,7 +19,7 @@ from cache_qualify import cachedir
 from cache_qualify.config.inventory import load_inventory
 from cache_qualify.lab.control import Lab
 from cache_qualify.lab.server import ServerGroup
-from tests.labfixtures import REPO, inventory_port, qualify_command, wait_no_sim_processes, write_inventory
+from tests.support.labfixtures import REPO, inventory_port, qualify_command, wait_no_sim_processes, write_inventory
 
 FLAGS = ("--embedding-table-cache-size", "1G", "--prefix-cache-memory", "0")
 

@@ -27,8 +27,8 @@ from cache_qualify.qualification import Qualifier, RunOptions
 from cache_qualify.config.profiles import resolve
 from cache_qualify.report.consistency import counter_problems
 from cache_qualify.samples.store import SampleStore
-from tests.labfixtures import (REPO, inventory_port, run_qualify, small_scenario, small_scenario_option,
-                               wait_no_sim_processes, write_inventory)
+from tests.support.labfixtures import (REPO, inventory_port, run_qualify, small_scenario, small_scenario_option,
+                                       wait_no_sim_processes, write_inventory)
 from tests.test_resume import rows
 from tests.test_xdist import two_groups
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.labfaults import SimRun, check_aftermath, check_samples, failed, failures, rows, scenario_file
-from tests.labfixtures import QualifyRun, start_qualify, write_inventory
+from tests.support.labfaults import SimRun, check_aftermath, check_samples, failed, failures, rows, scenario_file
+from tests.support.labfixtures import QualifyRun, start_qualify, write_inventory
 
 pytestmark = pytest.mark.slow
 

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.labfaults import (STARTUP, SimRun, check_aftermath, check_samples, failed, failures,
-                             requests_on_disk, rows, scenario_file)
-from tests.labfixtures import REPO, QualifyRun, start_qualify, write_inventory
+from tests.support.labfaults import (STARTUP, SimRun, check_aftermath, check_samples, failed, failures,
+                                     requests_on_disk, rows, scenario_file)
+from tests.support.labfixtures import REPO, QualifyRun, start_qualify, write_inventory
 
 if TYPE_CHECKING:
-    from tests.sshd import SshdInstance, SshdLab
+    from tests.support.sshd import SshdInstance, SshdLab
 
 pytestmark = pytest.mark.slow
 

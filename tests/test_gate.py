@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.labfixtures import QualifyRun, inventory_port, run_qualify, wait_no_sim_processes, write_inventory
+from tests.support.labfixtures import QualifyRun, inventory_port, run_qualify, wait_no_sim_processes, write_inventory
 
 pytestmark = pytest.mark.slow
 

@@ -1,8 +1,8 @@
 """The qualification history: import, schema upgrades, concurrent writers, change points, the page, planning.
 
-Against SQLite and a real PostgreSQL the tests start themselves (tests/postgres.py),
+Against SQLite and a real PostgreSQL the tests start themselves (tests/support/postgres.py),
 on run folders written by the suite's own writers from simulated series
-(tests/history_sim.py); the page is opened in a real headless Chromium. Whole
+(tests/support/history_sim.py); the page is opened in a real headless Chromium. Whole
 qualifications writing the history live are in tests/test_history_runs.py.
 """
 
@@ -26,8 +26,8 @@ from cache_qualify.cli import main
 from cache_qualify.errors import HistoryError
 from cache_qualify.history import schema
 from cache_qualify.history.store import History, default_url
-from tests import history_sim
-from tests.postgres import Postgres, postgres_server
+from tests.support import history_sim
+from tests.support.postgres import Postgres, postgres_server
 from cache_qualify.stats.validation import binomial_bound
 
 CHROMIUM_HINT = "install Chromium and its driver from the distribution: apt-get install -y chromium chromium-driver"
@@ -238,7 +238,7 @@ def test_change_found_at_the_step_and_none_without(stepped: Path, tmp_path: Path
 
 
 def test_change_point_rates_hold_quick() -> None:
-    """The rates docs/history.md states (`python -m tests.history_sim`), on fewer series: false alarms
+    """The rates docs/history.md states (`python -m tests.support.history_sim`), on fewer series: false alarms
     at most alpha (up to binomial noise), a 2 sd step found at its run within 3 runs in 90 %."""
     series = 100
     rates = history_sim.measure(series, seed=2, after=(3,))
@@ -317,7 +317,7 @@ def test_page_loads_in_a_browser_with_every_run_and_its_plots(stepped: Path, tmp
 def test_history_url_from_the_inventory_or_the_command_line_is_checked(tmp_path: Path) -> None:
     from cache_qualify.config.inventory import load_inventory
     from cache_qualify.errors import InventoryError
-    from tests.labfixtures import REPO, qualify_command, write_inventory
+    from tests.support.labfixtures import REPO, qualify_command, write_inventory
 
     inventory = write_inventory(tmp_path)
     text = inventory.read_text(encoding="utf-8")

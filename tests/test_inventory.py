@@ -20,7 +20,7 @@ from cache_qualify.config.inventory import (Host, Inventory, check_address, inve
 from cache_qualify.config import yamlsource
 from cache_qualify.config.scenario import SCENARIO_DIR
 from cache_qualify.config.yamlsource import load_yaml
-from tests.labfixtures import REPO, edited, write_file
+from tests.support.labfixtures import REPO, edited, write_file
 
 
 # A small valid inventory; each malformed case edits one piece of its text, so

@@ -1,5 +1,5 @@
 """Many-to-one decisions: Dunnett's level, each candidate decided as if alone, losing arms dropped,
-the ranking, and the validation harness's promises (tests/tournament_sim.py) on seeded simulations."""
+the ranking, and the validation harness's promises (tests/support/tournament_sim.py) on seeded simulations."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from cache_qualify.stats.manytoone import (CANNOT_PASS, MORE_TRIALS, Standing, T
 from cache_qualify.stats.sequential import plan_looks
 from cache_qualify.stats.validation import SHAPES, binomial_bound
 from cache_qualify.stats.verdict import Verdict, carry, evaluate
-from tests import tournament_sim as sim
+from tests.support import tournament_sim as sim
 
 RUNS = 400          # per fixed-design harness row: a second or two each
 ALPHA = 0.05        # the harness's level: rates near 0.01 would need far more runs to check
@@ -131,7 +131,7 @@ def test_lab_time_counts_a_shared_baseline_once() -> None:
     assert tournament_starts([4, 4, 4]) == (16, 24)
 
 
-# --- the validation harness's figures (python -m tests.tournament_sim prints them at more runs) ----------
+# --- the validation harness's figures (python -m tests.support.tournament_sim prints them at more runs) ----------
 
 @pytest.mark.parametrize("mode", ["gate", "screening"])
 def test_aa_false_pass_per_candidate_within_its_bound(mode: str) -> None:

@@ -33,7 +33,7 @@ from cache_qualify.lab.server import MetricsEndpoint
 from cache_qualify.config.profiles import resolve
 from cache_qualify.trials.figures import Figures, combine, delta
 from cache_qualify.trials.measure import MetricScraper, Snapshot, parse_metrics, read_gauge
-from tests.httpfixtures import OPENMETRICS_TEXT, Reply, StubServer
+from tests.support.httpfixtures import OPENMETRICS_TEXT, Reply, StubServer
 
 MODEL = resolve("flare")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.labfixtures import REPO
+from tests.support.labfixtures import REPO
 
 PROBE = ("import fixtures, cache_qualify.plugin, cache_qualify.sim.server; from fixtures import TempDir; "
          "print(fixtures.__file__); print(cache_qualify.plugin.__file__)")

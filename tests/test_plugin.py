@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.labfixtures import REPO, run_qualify, write_inventory
+from tests.support.labfixtures import REPO, run_qualify, write_inventory
 
 
 def pytest_cli(*args: str) -> subprocess.CompletedProcess[str]:

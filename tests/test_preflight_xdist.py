@@ -21,8 +21,8 @@ import pytest
 from cache_qualify.errors import PreflightUnfinished, SamplesError
 from cache_qualify.samples import runfolder
 from cache_qualify.samples.runfolder import PreflightOutcome
-from tests.labfixtures import (REPO, inventory_port, run_qualify, small_scenario_option, wait_no_sim_processes,
-                               write_inventory)
+from tests.support.labfixtures import (REPO, inventory_port, run_qualify, small_scenario_option, wait_no_sim_processes,
+                                       write_inventory)
 from tests.test_resume import rows
 from tests.test_xdist import scenario_args, two_groups
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from cache_qualify.samples.store import OK, SampleStore
-from tests.labfixtures import (inventory_port, run_qualify, small_scenario_option, start_qualify, wait_no_sim_processes,
-                               write_inventory)
+from tests.support.labfixtures import (inventory_port, run_qualify, small_scenario_option, start_qualify,
+                                       wait_no_sim_processes, write_inventory)
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,8 @@ from cache_qualify.config.inventory import Inventory, load_inventory
 from cache_qualify.lab.control import RUNNING_FUNCTION, Lab, backoff_delays
 from cache_qualify.lab.server import ServerGroup
 from cache_qualify.trials.measure import read_start
-from tests.labfixtures import REPO, inventory_port, sim_processes, wait_no_sim_processes, write_inventory
-from tests.sshd import SshdLab
+from tests.support.labfixtures import REPO, inventory_port, sim_processes, wait_no_sim_processes, write_inventory
+from tests.support.sshd import SshdLab
 
 FLAGS = ("--embedding-table-cache-size", "1G", "--prefix-cache-memory", "0")
 

@@ -12,7 +12,7 @@ import pytest
 from cache_qualify.samples.records import ArmRecord, ArmsRecord, Plan, VerdictRecord
 from cache_qualify.stats.manytoone import screening_level
 from cache_qualify.trials.runner import interleave
-from tests.labfixtures import QualifyRun, run_qualify, write_inventory
+from tests.support.labfixtures import QualifyRun, run_qualify, write_inventory
 
 ARMS = ("set4", "set8", "set16", "two_choice", "lru4")
 GAINS = ("hit_rate-gain[B-new-start]", "hit_rate-gain[A-third-read]", "readiness_wait_ns-gain[B-new-start]",

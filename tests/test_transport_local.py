@@ -20,7 +20,7 @@ import pytest
 from cache_qualify.errors import CommandFailed, CommandTimeout, HostUnreachable, TransportError
 from cache_qualify.lab.control import free_port
 from cache_qualify.lab.transport import LocalTransport, Transport
-from tests.httpfixtures import StubServer
+from tests.support.httpfixtures import StubServer
 
 # every value a shell would interpret if it were not quoted
 METACHARACTERS = [

@@ -29,9 +29,8 @@ from cache_qualify.errors import (AuthenticationFailed, ConfigError, HostKeyNotR
                                   HostUnreachable, TransportError)
 from cache_qualify.lab.transport import SshOptions, SshTransport
 from cache_qualify.lab.transport.ssh import TcpRefused
-from tests.httpfixtures import Reply, StubServer
-from tests.sshd import (SshdInstance, SshdLab, SshdUnavailable, free_port, generate_key,
-                        require_sshd)
+from tests.support.httpfixtures import Reply, StubServer
+from tests.support.sshd import (SshdInstance, SshdLab, SshdUnavailable, free_port, generate_key, require_sshd)
 
 pytestmark = pytest.mark.sshd
 

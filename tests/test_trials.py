@@ -21,7 +21,7 @@ from cache_qualify.samples.store import FAILED, INVALID, OK, SampleStore
 from cache_qualify.config.scenario import Scenario, find_scenario, load_scenario
 from cache_qualify.samples.store import ALL, STARTUP
 from cache_qualify.trials.runner import TrialResult, TrialRunner, TrialSlot, interleave, scenario_requests
-from tests.labfixtures import inventory_port, wait_no_sim_processes, write_inventory
+from tests.support.labfixtures import inventory_port, wait_no_sim_processes, write_inventory
 
 SIM_SEED = 20240611
 HOSTS = ("gb10-a", "gb10-b", "gb10-c")

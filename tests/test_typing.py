@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.labfixtures import REPO
+from tests.support.labfixtures import REPO
 
 
 def test_mypy_strict_passes_on_the_library_and_qualify() -> None:

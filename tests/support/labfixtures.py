@@ -25,7 +25,7 @@ import yaml
 
 from cache_qualify.lab import control as lab
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SIM_ADDRESSES = ("127.0.0.11", "127.0.0.12", "127.0.0.13")
 
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.labfixtures import QualifyRun, inventory_port, run_qualify, sim_processes
+from tests.support.labfixtures import QualifyRun, inventory_port, run_qualify, sim_processes
 
 SCENARIO = "faults"
 REQUESTS = ("A", "A-new-start", "B", "C")
