@@ -10,22 +10,23 @@ HTTP: ``stub_servers`` starts real stub servers (`tests.support.httpfixtures`) o
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 import pytest
 
 from cache_qualify.lab.transport import LocalTransport, Transport
 from cache_qualify.session.xdist import deal_by_group, tag_xdist_groups
 from tests.support.httpfixtures import StubServer
+from tests.support.waiting import NotInTime, wait_for
 
 if TYPE_CHECKING:  # paramiko is imported only by sessions that use SSH
     from cache_qualify.lab.transport import SshTransport
@@ -98,16 +99,17 @@ def pytest_runtestloop(session: pytest.Session) -> None:
     path = aot.default_folder() / _BUILDING
     if not path.exists():
         return
-    deadline = time.monotonic() + _BUILD_WAIT_S
-    with open(path) as building:
-        while True:
-            try:
-                fcntl.flock(building, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    return
-                time.sleep(0.1)
+    with open(path) as building, contextlib.suppress(NotInTime):
+        wait_for(lambda: _released(building), _BUILD_WAIT_S, "the session's kernel build", every_s=0.1)
+
+
+def _released(building: IO[str]) -> bool:
+    """The build holds its lock till it exits: a shared lock taken means it has ended."""
+    try:
+        fcntl.flock(building, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

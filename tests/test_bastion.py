@@ -31,6 +31,7 @@ from tests.support.labfaults import failures, rows
 from tests.support.labfixtures import REPO, QualifyRun, qualify_command, small_scenario_option, write_inventory
 from tests.support.netns import Netns, NetnsUnavailable, leftovers_of, veth
 from tests.support.sshd import SshdInstance, SshdLab
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slow]
 
@@ -80,15 +81,14 @@ class BastionLab:
 
     def check_nothing_left(self, timeout_s: float = 20.0) -> None:
         """No rank, lock holder, SSH session or forward of the run is left in either namespace."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+        def left() -> str:
             extra = [p for p in self.lab.pids() if p not in self.listeners()]
             runner = self.runner.pids()
-            if (not extra and not runner) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        assert extra == [], f"processes left in the lab namespace: {describe(extra)}"
-        assert runner == [], f"processes left in the runner namespace: {describe(runner)}"
+            return (f"processes left in the lab namespace: {describe(extra)}; "
+                    f"in the runner namespace: {describe(runner)}") if extra or runner else ""
+
+        wait_for(lambda: not left(), timeout_s, "no process of the run left in either namespace", every_s=0.1,
+                 detail=left)
         assert self.runner.listening().strip() == "", "a forward still listens in the runner namespace"
         listening = self.lab.listening()
         assert f":{HTTP_PORT} " not in listening, f"a rank still listens:\n{listening}"
@@ -208,10 +208,8 @@ def test_a_runner_stopped_mid_trial_leaves_no_rank_session_or_forward(bastion: B
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while not any(r["request"] == "A" for r in rows(reports / "stopped" / "samples.csv")):
-            assert proc.poll() is None and time.monotonic() < deadline, "no request was measured"
-            time.sleep(0.05)
+        wait_for(lambda: any(r["request"] == "A" for r in rows(reports / "stopped" / "samples.csv")), 120,
+                 "request A measured", process=proc)
         proc.send_signal(stop)
         proc.communicate(timeout=60)
     finally:

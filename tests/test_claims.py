@@ -14,8 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from cache_qualify.report.consistency import counter_problems
 from cache_qualify.samples.store import SampleStore
 from tests.support.labfixtures import (REPO, inventory_port, run_qualify, small_scenario, small_scenario_option,
                                        wait_no_sim_processes, write_inventory)
+from tests.support.waiting import wait_for
 from tests.test_resume import rows
 from tests.test_xdist import two_groups
 
@@ -94,16 +93,6 @@ def start(inventory: Path, run_dir: Path, scenario: Path, session: str) -> subpr
                             start_new_session=True)
 
 
-def wait_for(what: str, check: Callable[[], bool], proc: subprocess.Popen[str], timeout_s: float = 60.0) -> None:
-    """Poll `check` while `proc` runs; fail with its output if it ends first or the time runs out."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"{what}: not within {timeout_s} s\n{proc.communicate()[0]}")
-        time.sleep(0.05)
-
-
 def test_a_waiting_process_takes_over_when_the_owner_is_killed(tmp_path: Path) -> None:
     inventory = two_groups(tmp_path)
     scenario = small_scenario(tmp_path, SCENARIO, "1G")
@@ -112,7 +101,7 @@ def test_a_waiting_process_takes_over_when_the_owner_is_killed(tmp_path: Path) -
     owner = start(inventory, run_dir, scenario, "one-session")
     waiter: subprocess.Popen[str] | None = None
     try:
-        wait_for("the owner finished a trial", lambda: len(rows(run_dir / "trials.csv")) >= 1, owner)
+        wait_for(lambda: len(rows(run_dir / "trials.csv")) >= 1, 60, "the owner finished a trial", process=owner)
         assert json.loads(holder.read_text())["pid"] == owner.pid
         waiter = start(inventory, run_dir, scenario, "one-session")
         assert waiter.stdout is not None

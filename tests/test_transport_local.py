@@ -21,6 +21,7 @@ from cache_qualify.errors import CommandFailed, CommandTimeout, HostUnreachable,
 from cache_qualify.lab.control import free_port
 from cache_qualify.lab.transport import LocalTransport, Transport
 from tests.support.httpfixtures import StubServer
+from tests.support.waiting import wait_for
 
 # every value a shell would interpret if it were not quoted
 METACHARACTERS = [
@@ -88,10 +89,8 @@ def test_timeout_kills_the_whole_process_group(any_transport: Transport) -> None
                                              r"within 1 s; its process group was killed"):
         any_transport.run(f"sleep {token} & sleep {token}; echo never", timeout_s=1)
     assert time.monotonic() - started < 8
-    deadline = time.monotonic() + 3
-    while live_processes_with(f"sleep {token}") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert live_processes_with(f"sleep {token}") == []
+    wait_for(lambda: live_processes_with(f"sleep {token}") == [], 30, "every sleep of the killed group gone",
+             detail=lambda: f"still running: {live_processes_with(f'sleep {token}')}")
 
 
 def test_megabytes_on_both_streams_do_not_deadlock(any_transport: Transport) -> None:

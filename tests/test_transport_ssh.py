@@ -31,6 +31,7 @@ from cache_qualify.lab.transport import SshOptions, SshTransport
 from cache_qualify.lab.transport.ssh import TcpRefused
 from tests.support.httpfixtures import Reply, StubServer
 from tests.support.sshd import (SshdInstance, SshdLab, SshdUnavailable, free_port, generate_key, require_sshd)
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.sshd
 
@@ -280,15 +281,8 @@ def test_a_refused_session_is_not_mistaken_for_a_dropped_connection(
                 transport.run("true")
             assert "reconnecting" not in caplog.text
             channel.close(wait_s=5)
-            deadline = time.monotonic() + 5  # sshd frees the session slot just after the close
-            while time.monotonic() < deadline:
-                try:
-                    assert transport.run("true").ok  # the same connection serves again
-                    break
-                except TransportError:
-                    time.sleep(0.05)
-            else:
-                pytest.fail("the session slot was not freed within 5 s")
+            # sshd frees the session slot just after the close; then the same connection serves again
+            wait_for(lambda: transport.run("true").ok, 30, "the session slot freed", ignoring=(TransportError,))
     finally:
         host.stop()
 

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cache_qualify.trials.corpus import default_corpus
 from cache_qualify.sim.server import parse_args
 from cache_qualify.trials.workload import Request, study_sequence
+from tests.support.waiting import wait_for
 
 HOSTS = ("127.0.0.11", "127.0.0.12", "127.0.0.13")
 LOWERED_RESERVE = ["--host-system-share", "40"]
@@ -64,19 +65,16 @@ class Group:
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> float:
         """Seconds until rank 0's /health says 200; fails with the logs if a rank exits first."""
-        started = time.monotonic()
-        while time.monotonic() - started < timeout:
+        def ready() -> bool:
             for r, proc in enumerate(self.procs):
-                if proc.poll() is not None:
-                    pytest.fail(f"rank {r} exited with {proc.returncode} before the group was ready:\n"
-                                + self.log(r))
-            try:
-                if self.client.get(self.url(0, "/health")).status_code == 200:
-                    return time.monotonic() - started
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        pytest.fail("the group did not become ready:\n" + "\n".join(self.log(r) for r in range(len(self.procs))))
+                assert proc.poll() is None, (f"rank {r} exited with {proc.returncode} before the group was ready:\n"
+                                             + self.log(r))
+            return self.client.get(self.url(0, "/health")).status_code == 200
+
+        started = time.monotonic()
+        wait_for(ready, timeout, "the group ready (rank 0's /health 200)", ignoring=(httpx.TransportError,),
+                 detail=lambda: "\n".join(self.log(r) for r in range(len(self.procs))))
+        return time.monotonic() - started
 
     def wait_exit(self, rank: int, timeout: float = 20.0) -> int:
         return self.procs[rank].wait(timeout)
@@ -328,9 +326,7 @@ def test_exit_at_start_ends_that_rank_and_rank_0_never_gets_ready(group: Any) ->
     g = group(flags=["--sim-fault", "exit-at-start", "--sim-fault-rank", "2"])
     assert g.wait_exit(2) == 1
     assert "rank 2: error: simulated startup failure (--sim-fault exit-at-start)" in g.log(2)
-    deadline = time.monotonic() + 20
-    while "joined rank 0" not in g.log(1) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: "joined rank 0" in g.log(1), 60, "rank 1 joined rank 0", detail=lambda: g.log(1))
     reply = g.client.get(g.url(0, "/health"))
     assert reply.status_code == 503 and reply.json()["waiting_for"] == [2]
     assert g.client.get(g.url(1, "/health")).status_code == 200
