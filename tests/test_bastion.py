@@ -277,5 +277,5 @@ def test_a_lab_opens_one_forward_per_host_and_closes_them_all(sshd_lab: SshdLab,
     assert [t.name for t in threading.enumerate() if t.name.startswith("forward-")] == []
     for route in routes:
         port = int(route.base_url.rsplit(":", 1)[1])
-        with pytest.raises(ConnectionRefusedError):
+        with pytest.raises(ConnectionRefusedError, match="Connection refused"):
             socket.create_connection(("127.0.0.1", port), timeout=2.0).close()

@@ -76,13 +76,13 @@ def test_an_error_that_stopped_the_owner_is_read_back_not_met_again(tmp_path: Pa
     # an exact test on two trials per build cannot reach this alpha: refused before any lab time
     options = RunOptions(run_id="run", run_dir=tmp_path / "run", seed=1, alpha=0.001, method="mannwhitney",
                          session="one-session")
-    with pytest.raises(PlanError) as owner:
+    with pytest.raises(PlanError, match=r"smallest possible p is") as owner:
         Qualifier(inventory, options).result(scenario)
-    with pytest.raises(RecordedError) as other:
+    with pytest.raises(RecordedError, match=r"^PlanError: .*smallest possible p is") as other:
         Qualifier(inventory, options).result(scenario)
     assert other.value.kind == "PlanError" and str(owner.value) in str(other.value)
     assert f"process {os.getpid()}" in str(other.value)
-    with pytest.raises(PlanError):
+    with pytest.raises(PlanError, match=r"smallest possible p is"):
         Qualifier(inventory, replace(options, session="resumed")).result(scenario)
 
 

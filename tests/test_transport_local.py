@@ -60,7 +60,7 @@ def test_result_is_a_frozen_value_with_both_streams(any_transport: Transport) ->
         "h1", 3, "out\n", "err\n")
     assert result.command == "sh -c 'echo out; echo err >&2; exit 3'"
     assert not result.ok and 0 < result.duration_s < 10
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'exit_status'"):
         result.exit_status = 0  # type: ignore[misc]
 
 

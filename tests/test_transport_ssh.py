@@ -374,7 +374,7 @@ def test_forward_carries_http_survives_the_one_reconnect_and_closes_with_the_tra
     assert forwarding_threads()
     ssh_transport.close()
     assert forward.closed and forward.connections() == 0
-    with pytest.raises(ConnectionRefusedError):
+    with pytest.raises(ConnectionRefusedError, match="Connection refused"):
         socket.create_connection(forward.local_address, timeout=2.0).close()
     assert forwarding_threads() == []  # nothing of the forward is left in the runner
 

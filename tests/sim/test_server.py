@@ -347,7 +347,7 @@ def test_crash_on_request_loses_the_rank_and_rank_0_stops(group: Any) -> None:
 def test_hang_on_request_never_answers_but_keeps_serving_metrics(group: Any) -> None:
     g = group(tp=2, flags=["--sim-fault", "hang-on-request:1", "--sim-fault-rank", "1"])
     g.wait_ready()
-    with pytest.raises(httpx.ReadTimeout):
+    with pytest.raises(httpx.ReadTimeout, match="timed out"):
         g.client.post(g.url(0, "/v1/completions"), json={"prompt": [5, 6, 7]}, timeout=1.0)
     assert "simulated hang on request 1" in g.log(1)
     assert g.client.get(g.url(1, "/metrics")).status_code == 200
@@ -435,7 +435,7 @@ def test_bad_flags_exit_2_with_the_reason() -> None:
     (["--rank", "0", "--port", "0", "--tensor-parallel-size", "2"], "rank 0 needs a fixed --port"),
 ])
 def test_flag_errors_name_the_flag(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
+    with pytest.raises(SystemExit, match=r"^2$") as exc:   # argparse's usage error
         parse_args(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
