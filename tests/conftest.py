@@ -171,16 +171,15 @@ def front_of_the_queue(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(trylast=True)  # after xdist's worker has tagged the node ids with their groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that run whole qualifications or restart servers (marked ``slow``, and the stale-server
-    test) get one rerun: on a loaded 2-core CI machine a start can miss a timing its test depends
-    on. A second failure fails the run; every rerun is listed in the summary, with why it failed.
-    The costly tests go first (a stable sort: each module's order is kept), and each test's
-    xdist_group is in its node id whatever the pytest (`tag_xdist_groups`), so a shared run is
-    made once."""
+    """No test is rerun unless it says why: a ``flaky`` marker (pytest-rerunfailures) without a
+    ``reason`` stops the session. The costly tests go first (a stable sort: each module's order is
+    kept), and each test's xdist_group is in its node id whatever the pytest (`tag_xdist_groups`),
+    so a shared run is made once."""
     for item in items:
-        name = getattr(item, "originalname", item.name)
-        if item.get_closest_marker("slow") or name == "test_stale_server_is_reported_then_killed_with_kill_stale":
-            item.add_marker(pytest.mark.flaky(reruns=1))
+        rerun = item.get_closest_marker("flaky")
+        if rerun is not None and not rerun.kwargs.get("reason"):
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.flaky needs reason=..., what makes it fail "
+                                    f"now and then (a rerun is a flake to fix, not to hide)")
     items.sort(key=lambda item: not front_of_the_queue(item))
     tag_xdist_groups(config, items)
 
