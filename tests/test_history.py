@@ -106,6 +106,7 @@ def test_schema_upgrades_in_place(tmp_path: Path, history_url: str) -> None:
         history.runs()
 
 
+@pytest.mark.slow
 def test_two_writers_at_once_both_land_complete(tmp_path: Path, history_url: str) -> None:
     """Two `history import` processes write one database at the same moment (a new one: both also
     race to create the schema)."""
@@ -217,6 +218,7 @@ def stepped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return reports
 
 
+@pytest.mark.slow
 @ON_STEPPED
 def test_change_found_at_the_step_and_none_without(stepped: Path, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
@@ -237,6 +239,7 @@ def test_change_found_at_the_step_and_none_without(stepped: Path, tmp_path: Path
     assert len(trend) == 23 and all(r["ci_low"] < r["mean"] < r["ci_high"] for r in trend)  # type: ignore[operator]
 
 
+@pytest.mark.slow
 def test_change_point_rates_hold_quick() -> None:
     """The rates docs/history.md states (`python -m tests.support.history_sim`), on fewer series: false alarms
     at most alpha (up to binomial noise), a 2 sd step found at its run within 3 runs in 90 %."""
@@ -288,6 +291,7 @@ def chromium() -> object:
     return webdriver.Chrome(service=Service(driver), options=options)
 
 
+@pytest.mark.slow
 @ON_STEPPED
 def test_page_loads_in_a_browser_with_every_run_and_its_plots(stepped: Path, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
@@ -314,6 +318,7 @@ def test_page_loads_in_a_browser_with_every_run_and_its_plots(stepped: Path, tmp
         driver.quit()  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_history_url_from_the_inventory_or_the_command_line_is_checked(tmp_path: Path) -> None:
     from cache_qualify.config.inventory import load_inventory
     from cache_qualify.errors import InventoryError

@@ -294,6 +294,7 @@ CACHE_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("flags", "kind", "cached"), CACHE_CASES,
                          ids=[f"{' '.join(f) or 'defaults'}: {k}" for f, k, _ in CACHE_CASES])
 def test_what_each_cache_flag_reuses(serve: ServeFn, model: TinyModel, flags: tuple[str, ...], kind: str,
@@ -306,6 +307,7 @@ def test_what_each_cache_flag_reuses(serve: ServeFn, model: TinyModel, flags: tu
         assert (s.counted_cached, s.counted) == (s.cache_n, s.prompt_n)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("baseline", "candidate", "kind", "rereads"), [
     ((*ONE_SLOT, "--cache-ram", "0"), ONE_SLOT, "exact re-sends", (2, 3)),
     (ONE_SLOT, (*ONE_SLOT, "--cache-reuse", "256"), "re-read dropping 16 at once", (1, 3)),

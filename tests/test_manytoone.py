@@ -133,6 +133,7 @@ def test_lab_time_counts_a_shared_baseline_once() -> None:
 
 # --- the validation harness's figures (python -m tests.support.tournament_sim prints them at more runs) ----------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["gate", "screening"])
 def test_aa_false_pass_per_candidate_within_its_bound(mode: str) -> None:
     one = sim.hit_rate_gain()
@@ -143,6 +144,7 @@ def test_aa_false_pass_per_candidate_within_its_bound(mode: str) -> None:
     assert sum(s.passes.values()) > 0  # the hardest case (one gain, no minimum effect) does pass at times
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("noise", ["normal", "heavy-tailed"])
 def test_screening_false_recommendation_within_its_bound(noise: str) -> None:
     """Ten trials per build: with five, the per-candidate test itself rejects about 1.2 x its level
@@ -155,12 +157,14 @@ def test_screening_false_recommendation_within_its_bound(noise: str) -> None:
     assert screening.any_pass <= binomial_bound(RUNS, ALPHA) < gate.any_pass  # the control is what holds it
 
 
+@pytest.mark.slow
 def test_screening_false_recommendation_sequential() -> None:
     one = sim.hit_rate_gain()
     s = sim.simulate(one, sim.null_effects(one), sim.SEQUENTIAL, runs=100, alpha=ALPHA, mode="screening", seed=33)
     assert s.any_pass <= binomial_bound(100, ALPHA)
 
 
+@pytest.mark.slow
 def test_tournament_of_the_study_candidates_at_equal_power() -> None:
     """The study's candidates on the default scenario: each passes as alone would, and the tournament saves
     starts; sequentially, candidates stop at different looks, so less than a fixed design's third."""

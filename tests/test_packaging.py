@@ -33,6 +33,7 @@ def test_pypi_fixtures_and_cache_qualify_import_side_by_side(where: str, tmp_pat
     assert plugin_file == REPO / "fixtures" / "cache_qualify" / "plugin.py"
 
 
+@pytest.mark.slow
 def test_the_wheel_installs_one_top_level_package_with_its_data(tmp_path: Path) -> None:
     source = tmp_path / "src"
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "reports", "build", "*.egg-info",

@@ -426,6 +426,7 @@ def test_empty_samples_file_is_explained(copied_run: Path) -> None:
         render_run(copied_run)
 
 
+@pytest.mark.slow
 def test_damaged_samples_file_is_explained(copied_run: Path) -> None:
     with (copied_run / "samples.csv").open("a", encoding="utf-8") as f:
         f.write("r1,reread-1g,set4\n")

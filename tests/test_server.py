@@ -210,6 +210,7 @@ def test_page_cache_drop_is_recorded_per_host(inventory: Inventory) -> None:
     assert all(r.ok for r in records)
 
 
+@pytest.mark.slow
 @pytest.mark.sshd
 def test_three_rank_server_over_ssh(sshd_lab: SshdLab, tmp_path: Path) -> None:
     """Three loopback sshd hosts: start, read KV pages, stop, nothing left."""

@@ -41,6 +41,7 @@ def four(tmp_path_factory: pytest.TempPathFactory) -> QualifyRun:
                        "--trials", "2", "--max-trials", "3", "--seed", "7", timeout_s=600)
 
 
+@pytest.mark.slow
 @ON_FOUR
 def test_gate_passes_three_candidates_and_fails_lru4_on_the_third_read(four: QualifyRun) -> None:
     assert four.returncode == 1, four.output  # each candidate is a gate of its own: lru4 fails the run
@@ -102,6 +103,7 @@ def test_lab_time_per_arm_in_the_report_and_provenance(four: QualifyRun) -> None
             f"would have needed {separate} ({saving:.0%} fewer here).") in summary
 
 
+@pytest.mark.slow
 def test_tournament_exits_zero_when_one_candidate_passes(tmp_path: Path) -> None:
     run = run_qualify(write_inventory(tmp_path), tmp_path / "reports", "--candidate", "lru4,two_choice",
                       "--tournament", "--alpha", "0.05", "--trials", "2", "--max-trials", "2", "--seed", "3",

@@ -98,6 +98,7 @@ def emulated(policies: tuple[str, ...], seed: int) -> dict[str, dict[str, dict[s
 # --- one trial of each build -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @ON_THE_LAB
 def test_both_builds_finish_ok_with_samples_for_every_request_and_host(sim: SimLab,
                                                                        pair: dict[str, TrialResult]) -> None:
@@ -126,6 +127,7 @@ def test_misses_are_rows_added_plus_evictions_plus_refused_on_every_host(sim: Si
             assert (hosts[metric].groupby(level="request").sum() == table.xs(ALL, level="host")[metric]).all()
 
 
+@pytest.mark.slow
 @ON_THE_LAB
 def test_combined_hit_rates_match_the_emulator_within_half_a_point(sim: SimLab,
                                                                    pair: dict[str, TrialResult]) -> None:

@@ -23,6 +23,7 @@ def _result(cell: Cell, runs: int = RUNS) -> CellResult:
     return run_cell(cell, runs=runs, seed=ALL.index(cell) + 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cell", [c for c in ALL if c.check == "aa"], ids=lambda c: f"{c.shape}-{c.alpha}-{c.noise}")
 def test_a_a_passes_a_gain_at_most_alpha_of_the_time(cell: Cell) -> None:
     """Under normal, heavy-tailed, bad-start and drifting noise, each gain within its 99 % binomial bound."""
@@ -36,6 +37,7 @@ def test_1_5_x_min_effect_passes_with_the_planned_power_at_the_trials_plan_asks_
     assert result.power >= 0.9 - power_tolerance(result.runs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cell", [c for c in ALL if c.check == "rerun"], ids=lambda c: f"{c.shape}-{c.alpha}")
 def test_a_rerun_at_trials_needed_reaches_power_0_85(cell: Cell) -> None:
     result = _result(cell, runs=200)
@@ -48,6 +50,7 @@ def _pairs(shape: str) -> list[tuple[Cell, Cell]]:
     return list(zip(chosen[::2], chosen[1::2]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("fixed", "sequential"), [*_pairs("single-gain"), *_pairs("reread-1g")[3::4]],
                          ids=lambda c: f"{c.shape}-{c.alpha}-{c.effect_sd}SD-{c.check}")
 def test_sequential_never_costs_more_than_fixed_at_equal_power(fixed: Cell, sequential: Cell) -> None:
@@ -75,6 +78,7 @@ def test_equal_power_trials_interpolate_between_the_fixed_designs_that_bracket_t
     assert n < above <= n + 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alpha", [0.01, 0.05])
 def test_no_design_of_the_family_saves_a_quarter_on_four_gains_even_knowing_the_sd(alpha: float) -> None:
     """The limit docs/statistics.md states: at the planned power, no spending shape or maximum of the

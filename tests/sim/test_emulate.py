@@ -40,6 +40,7 @@ def rate(run: dict[str, object], request: str) -> float:
     return float(requests[request]["hit_rate"])
 
 
+@pytest.mark.slow
 def test_default_sequence_at_1_gib_lands_in_the_reports_regime(
         default_runs: dict[str, dict[str, Any]]) -> None:
     assert list(default_runs) == list(POLICIES)
@@ -120,6 +121,7 @@ def test_replay_per_request_deltas_add_up() -> None:
     assert isinstance(RowCache("set4", 64, seed=0).counters().hit_rate, float)
 
 
+@pytest.mark.slow
 def test_bench_reports_lookups_per_second_and_the_reference_ratio() -> None:
     """Well-formed figures only: speed is judged by running the benchmark, not by a test."""
     done = cli("bench-emulator", "--policy", "set4,two_choice", "--reference-lookups", "20000",
@@ -139,6 +141,7 @@ def test_bench_reports_lookups_per_second_and_the_reference_ratio() -> None:
     assert report["sequence_seconds"] > 0
 
 
+@pytest.mark.slow
 def test_bench_prints_a_table_of_policy_rate_and_ratio() -> None:
     done = cli("bench-emulator", "--policy", "lru4", "--reference-lookups", "5000",
                "--repeat", "1")

@@ -210,6 +210,7 @@ def test_three_ranks_answer_the_five_requests_and_every_rank_counts(
     assert 0.7 < hit_rates["B-new-start"] < 0.97
 
 
+@pytest.mark.slow
 def test_a_second_start_of_a_seed_reads_its_replays_back_and_exports_the_same_counters(
         group: Any, sequence: list[Request], tmp_path: Path) -> None:
     """The replay memo (cache_qualify.sim.memo) end to end: same seed, same requests, same counters
