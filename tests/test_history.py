@@ -62,6 +62,7 @@ def json_lines(text: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_import_twice_gives_the_same_database(tmp_path: Path, history_url: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     rng = np.random.default_rng(3)
@@ -141,6 +142,7 @@ def _trial_values(rng: np.random.Generator) -> list[tuple[str, str, int, str, fl
     return values
 
 
+@pytest.mark.slow
 def test_a_run_records_each_trial_as_it_ends_in_the_same_time(tmp_path: Path) -> None:
     """200 trials recorded live, as a qualification ends each: the same statements for every trial after
     the first (which makes the schema and the run's row), and the CPU time of the last 50 within 1.5

@@ -225,6 +225,7 @@ def test_metrics_names_and_types(serve: ServeFn) -> None:
     assert re.findall(r"^llamacpp:\w+ (\S+)$", text, re.M) == ["0"] * (len(COUNTERS) + len(GAUGES))
 
 
+@pytest.mark.slow
 def test_counter_values_print_with_six_significant_digits(serve: ServeFn, model: TinyModel) -> None:
     """C++'s default stream format (%g, 6 digits): exact below 1,000,000, rounded above it."""
     server = serve("--metrics", *ONE_SLOT)
@@ -241,6 +242,7 @@ def test_counter_values_print_with_six_significant_digits(serve: ServeFn, model:
     assert seconds is not None and len(seconds[1].replace(".", "").lstrip("0")) <= 6
 
 
+@pytest.mark.slow
 def test_counters_have_settled_when_the_response_arrives(serve: ServeFn, model: TinyModel) -> None:
     """No race: a scrape right after the answer (on another connection) already counts it."""
     server = serve("--metrics", *ONE_SLOT)

@@ -58,6 +58,7 @@ def _alone(draws: dict[str, tuple[np.ndarray, np.ndarray]], looks: tuple[int, ..
     return verdicts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("looks", [(5,), tuple(range(3, 14))], ids=["fixed", "sequential"])
 def test_gate_decides_each_candidate_exactly_as_alone(looks: tuple[int, ...]) -> None:
     rng = np.random.default_rng(11)

@@ -97,6 +97,7 @@ def test_preflight_names_a_missing_build(tmp_path: Path) -> None:
     assert "build executable not found: build 'ghost': /nonexistent/flare-server" in run.output
 
 
+@pytest.mark.slow
 def test_plugin_loads_without_xdist(tmp_path: Path) -> None:
     """The xdist hooks are optional: `-p no:xdist` (or no xdist installed) still qualifies."""
     inventory = write_inventory(tmp_path)

@@ -251,6 +251,7 @@ def test_estimate_matches_the_t_interval_and_degrades_without_noise_estimate() -
 
 # --- summary.md ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_summary_leads_with_run_lab_builds_and_overall_verdict(summary: str) -> None:
     head = summary.splitlines()[:3]
     assert head[0] == "# cache-qualify run `r1`: FAIL"
@@ -406,6 +407,7 @@ def copied_run(failing_run: Run, tmp_path: Path) -> Iterator[Path]:
     yield target
 
 
+@pytest.mark.slow
 def test_cli_report_rerenders(copied_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", str(copied_run)]) == 0
     out = capsys.readouterr().out

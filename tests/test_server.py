@@ -158,6 +158,7 @@ def test_closing_the_lab_stops_servers_the_runner_left(inventory: Inventory) -> 
     assert [r for r in records if r.exists()] == [], "a process-group record outlived its group"
 
 
+@pytest.mark.slow
 def test_sigkilled_runner_leaves_no_server_and_no_lock(tmp_path: Path) -> None:
     path = write_inventory(tmp_path)
     port = inventory_port(path)

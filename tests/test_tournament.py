@@ -59,6 +59,7 @@ def test_gate_passes_three_candidates_and_fails_lru4_on_the_third_read(four: Qua
         "two_choice"
 
 
+@pytest.mark.slow
 @ON_FOUR
 def test_blocks_hold_every_running_arm_in_the_seeded_order(four: QualifyRun) -> None:
     trials = pd.read_csv(four.run_dir() / "trials.csv")
@@ -71,6 +72,7 @@ def test_blocks_hold_every_running_arm_in_the_seeded_order(four: QualifyRun) -> 
     assert trials["trial"].max() == (trials["build"] == "set4").sum() - 1
 
 
+@pytest.mark.slow
 @ON_FOUR
 def test_report_ranks_two_choice_first_and_recommends_it(four: QualifyRun) -> None:
     summary = (four.run_dir() / "summary.md").read_text(encoding="utf-8")
@@ -87,6 +89,7 @@ def test_report_ranks_two_choice_first_and_recommends_it(four: QualifyRun) -> No
            "hit_rate-gain[A-third-read]" in summary
 
 
+@pytest.mark.slow
 @ON_FOUR
 def test_lab_time_per_arm_in_the_report_and_provenance(four: QualifyRun) -> None:
     run_dir = four.run_dir()

@@ -59,6 +59,7 @@ def empty_known_hosts(tmp_path: Path) -> Path:
     return tmp_path / "ssh" / "known_hosts"
 
 
+@pytest.mark.slow
 def test_key_login_runs_commands_on_one_reused_connection(
         ssh_transport: SshTransport, sshd_lab: SshdLab,
         record_property: Callable[[str, object], None]) -> None:

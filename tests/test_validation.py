@@ -31,6 +31,7 @@ def test_a_a_passes_a_gain_at_most_alpha_of_the_time(cell: Cell) -> None:
     assert result.worst_gain_passes <= result.bound
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cell", [c for c in ALL if c.check == "power"], ids=lambda c: f"{c.shape}-{c.alpha}")
 def test_1_5_x_min_effect_passes_with_the_planned_power_at_the_trials_plan_asks_for(cell: Cell) -> None:
     result = _result(cell)
@@ -90,6 +91,7 @@ def test_no_design_of_the_family_saves_a_quarter_on_four_gains_even_knowing_the_
     assert known_sd_bound("single-gain", 1.5, alpha, runs=10_000).saving > 0.3
 
 
+@pytest.mark.slow
 def test_validate_prints_the_table_for_one_shape_whole_or_in_pieces(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "--runs", "20", "--alpha", "0.05", "--shape", "single-gain"]) == 0
     out = capsys.readouterr().out

@@ -125,6 +125,7 @@ def test_set8_capacity_is_whole_sets() -> None:
 gathers = st.lists(st.lists(st.integers(0, 300), max_size=60), min_size=1, max_size=25)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ahead_of_time", [False, True], ids=["jitted", "compiled-ahead-when-built"])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policy=st.sampled_from(POLICIES), sets=st.integers(1, 12), seed=st.integers(0, 2**32),

@@ -171,6 +171,7 @@ CAPACITY, RESIDENT = "flare_engram_row_cache_capacity_rows", "flare_engram_row_c
 
 # -- the RowCache study's sequence -------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_three_ranks_answer_the_five_requests_and_every_rank_counts(
         report_group: Group, sequence: list[Request]) -> None:
     g = report_group
@@ -264,6 +265,7 @@ def test_bad_requests_get_400_with_the_field_named(report_group: Group) -> None:
     assert g.client.get(g.url(0, "/nowhere")).status_code == 404
 
 
+@pytest.mark.slow
 def test_no_prefix_cache_without_prefix_cache_memory(report_group: Group) -> None:
     """The RowCache study ran with --prefix-cache-memory 0: even an exact repeat reads its rows again."""
     prompt = np.arange(2000, 2300)
@@ -271,6 +273,7 @@ def test_no_prefix_cache_without_prefix_cache_memory(report_group: Group) -> Non
     assert report_group.complete(prompt).json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
+@pytest.mark.slow
 def test_decode_tokens_logprobs_and_a_real_prefix_cache(group: Any) -> None:
     g = group(flags=["--embedding-table-cache-size", "1G", "--prefix-cache-memory", "1G", *LOWERED_RESERVE])
     g.wait_ready()
@@ -287,6 +290,7 @@ def test_decode_tokens_logprobs_and_a_real_prefix_cache(group: Any) -> None:
 
 # -- capacity and memory ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_4g_reads_its_capacity_on_every_rank_and_exports_refused_inserts(group: Any) -> None:
     g = group(flags=["--embedding-table-cache-size", "4G", *LOWERED_RESERVE, "--sim-export-refused"])
     g.wait_ready()
@@ -299,6 +303,7 @@ def test_4g_reads_its_capacity_on_every_rank_and_exports_refused_inserts(group: 
     assert all("stopping (signal)" in g.log(r) for r in range(3))
 
 
+@pytest.mark.slow
 def test_4g_under_the_default_reserve_fails_on_every_rank_with_its_error(group: Any) -> None:
     g = group(flags=["--embedding-table-cache-size", "4G", "--host-system-share", "20"])
     for r in range(3):
@@ -323,6 +328,7 @@ def test_refused_inserts_are_misses_minus_inserts_minus_evictions(group: Any,
 
 # -- faults ----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_exit_at_start_ends_that_rank_and_rank_0_never_gets_ready(group: Any) -> None:
     g = group(flags=["--sim-fault", "exit-at-start", "--sim-fault-rank", "2"])
     assert g.wait_exit(2) == 1
