@@ -4,32 +4,33 @@ SSH: ``sshd_lab`` (one per session and xdist worker) starts real OpenSSH sshd
 instances on 127.0.0.x; ``sshd_host`` is a fresh instance per test;
 ``ssh_transport`` an SshTransport logged in to it with strict host-key checking.
 Without sshd these fixtures FAIL with an install hint: never skip.
-HTTP: ``stub_servers`` starts real stub servers (`tests.httpfixtures`) on
+HTTP: ``stub_servers`` starts real stub servers (`tests.support.httpfixtures`) on
 127.0.0.x, stopped after the test.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 import pytest
 
 from cache_qualify.lab.transport import LocalTransport, Transport
 from cache_qualify.session.xdist import deal_by_group, tag_xdist_groups
-from tests.httpfixtures import StubServer
+from tests.support.httpfixtures import StubServer
+from tests.support.waiting import NotInTime, wait_for
 
 if TYPE_CHECKING:  # paramiko is imported only by sessions that use SSH
     from cache_qualify.lab.transport import SshTransport
-    from tests.sshd import SshdInstance, SshdLab
+    from tests.support.sshd import SshdInstance, SshdLab
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -98,16 +99,17 @@ def pytest_runtestloop(session: pytest.Session) -> None:
     path = aot.default_folder() / _BUILDING
     if not path.exists():
         return
-    deadline = time.monotonic() + _BUILD_WAIT_S
-    with open(path) as building:
-        while True:
-            try:
-                fcntl.flock(building, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    return
-                time.sleep(0.1)
+    with open(path) as building, contextlib.suppress(NotInTime):
+        wait_for(lambda: _released(building), _BUILD_WAIT_S, "the session's kernel build", every_s=0.1)
+
+
+def _released(building: IO[str]) -> bool:
+    """The build holds its lock till it exits: a shared lock taken means it has ended."""
+    try:
+        fcntl.flock(building, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -144,7 +146,7 @@ def _the_suites_cache_folder() -> None:
     """Point every process of the session at the suite's cache folder (a folder the environment
     already names is kept): set before xdist starts its workers, as `_write_bytecode`, so they,
     the simulated ranks and every run the tests start use it, and so do ranks reached through the
-    tests' sshd instances (`tests.sshd` passes it on)."""
+    tests' sshd instances (`tests.support.sshd` passes it on)."""
     from cache_qualify import cachedir
 
     os.environ.setdefault(cachedir.ENV, str(suite_cache_folder()))
@@ -169,16 +171,15 @@ def front_of_the_queue(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(trylast=True)  # after xdist's worker has tagged the node ids with their groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that run whole qualifications or restart servers (marked ``slow``, and the stale-server
-    test) get one rerun: on a loaded 2-core CI machine a start can miss a timing its test depends
-    on. A second failure fails the run; every rerun is listed in the summary, with why it failed.
-    The costly tests go first (a stable sort: each module's order is kept), and each test's
-    xdist_group is in its node id whatever the pytest (`tag_xdist_groups`), so a shared run is
-    made once."""
+    """No test is rerun unless it says why: a ``flaky`` marker (pytest-rerunfailures) without a
+    ``reason`` stops the session. The costly tests go first (a stable sort: each module's order is
+    kept), and each test's xdist_group is in its node id whatever the pytest (`tag_xdist_groups`),
+    so a shared run is made once."""
     for item in items:
-        name = getattr(item, "originalname", item.name)
-        if item.get_closest_marker("slow") or name == "test_stale_server_is_reported_then_killed_with_kill_stale":
-            item.add_marker(pytest.mark.flaky(reruns=1))
+        rerun = item.get_closest_marker("flaky")
+        if rerun is not None and not rerun.kwargs.get("reason"):
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.flaky needs reason=..., what makes it fail "
+                                    f"now and then (a rerun is a flake to fix, not to hide)")
     items.sort(key=lambda item: not front_of_the_queue(item))
     tag_xdist_groups(config, items)
 
@@ -215,7 +216,7 @@ def _run_in_a_temporary_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 @pytest.fixture
 def stub_servers() -> Iterator[Callable[..., StubServer]]:
-    """A factory of :class:`tests.httpfixtures.StubServer` s (``stub_servers("127.0.0.12")``), all
+    """A factory of :class:`tests.support.httpfixtures.StubServer` s (``stub_servers("127.0.0.12")``), all
     stopped afterwards."""
     started: list[StubServer] = []
 
@@ -232,7 +233,7 @@ def stub_servers() -> Iterator[Callable[..., StubServer]]:
 @pytest.fixture(scope="session")
 def sshd_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdLab]:
     """A client key and a factory of sshd instances, all stopped at the end."""
-    from tests.sshd import SshdLab, SshdUnavailable
+    from tests.support.sshd import SshdLab, SshdUnavailable
 
     try:
         lab = SshdLab(tmp_path_factory.mktemp("sshd"))

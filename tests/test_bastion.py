@@ -27,10 +27,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.labfaults import failures, rows
-from tests.labfixtures import REPO, QualifyRun, qualify_command, small_scenario_option, write_inventory
-from tests.netns import Netns, NetnsUnavailable, leftovers_of, veth
-from tests.sshd import SshdInstance, SshdLab
+from tests.support.labfaults import failures, rows
+from tests.support.labfixtures import REPO, QualifyRun, qualify_command, small_scenario_option, write_inventory
+from tests.support.netns import Netns, NetnsUnavailable, leftovers_of, veth
+from tests.support.sshd import SshdInstance, SshdLab
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.sshd, pytest.mark.slow]
 
@@ -80,15 +81,14 @@ class BastionLab:
 
     def check_nothing_left(self, timeout_s: float = 20.0) -> None:
         """No rank, lock holder, SSH session or forward of the run is left in either namespace."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+        def left() -> str:
             extra = [p for p in self.lab.pids() if p not in self.listeners()]
             runner = self.runner.pids()
-            if (not extra and not runner) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        assert extra == [], f"processes left in the lab namespace: {describe(extra)}"
-        assert runner == [], f"processes left in the runner namespace: {describe(runner)}"
+            return (f"processes left in the lab namespace: {describe(extra)}; "
+                    f"in the runner namespace: {describe(runner)}") if extra or runner else ""
+
+        wait_for(lambda: not left(), timeout_s, "no process of the run left in either namespace", every_s=0.1,
+                 detail=left)
         assert self.runner.listening().strip() == "", "a forward still listens in the runner namespace"
         listening = self.lab.listening()
         assert f":{HTTP_PORT} " not in listening, f"a rank still listens:\n{listening}"
@@ -208,10 +208,8 @@ def test_a_runner_stopped_mid_trial_leaves_no_rank_session_or_forward(bastion: B
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while not any(r["request"] == "A" for r in rows(reports / "stopped" / "samples.csv")):
-            assert proc.poll() is None and time.monotonic() < deadline, "no request was measured"
-            time.sleep(0.05)
+        wait_for(lambda: any(r["request"] == "A" for r in rows(reports / "stopped" / "samples.csv")), 120,
+                 "request A measured", process=proc)
         proc.send_signal(stop)
         proc.communicate(timeout=60)
     finally:
@@ -258,7 +256,7 @@ def test_a_lab_opens_one_forward_per_host_and_closes_them_all(sshd_lab: SshdLab,
     route with the connections, reports the port free over it, and closing the lab ends every forward."""
     from cache_qualify.config.inventory import load_inventory
     from cache_qualify.lab.control import Lab
-    from tests.bench_forward import forwarded_lab
+    from tests.support.bench_forward import forwarded_lab
 
     path, instances = forwarded_lab(sshd_lab, tmp_path)
     inventory = load_inventory(path)
@@ -279,5 +277,5 @@ def test_a_lab_opens_one_forward_per_host_and_closes_them_all(sshd_lab: SshdLab,
     assert [t.name for t in threading.enumerate() if t.name.startswith("forward-")] == []
     for route in routes:
         port = int(route.base_url.rsplit(":", 1)[1])
-        with pytest.raises(ConnectionRefusedError):
+        with pytest.raises(ConnectionRefusedError, match="Connection refused"):
             socket.create_connection(("127.0.0.1", port), timeout=2.0).close()

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench_forward import forwarded_lab
-from tests.labfixtures import REPO, inventory_port, wait_no_sim_processes, write_inventory
-from tests.sshd import SshdLab
+from tests.support.bench_forward import forwarded_lab
+from tests.support.labfixtures import REPO, inventory_port, wait_no_sim_processes, write_inventory
+from tests.support.sshd import SshdLab
 
 NUMBER = r"\d+(?:\.\d+)?"
 REQUESTS = ("A", "A-new-start", "B", "B-new-start", "A-third-read")
@@ -29,6 +29,7 @@ def bench(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_prints_snapshot_time_and_overhead_share_per_request(tmp_path: Path) -> None:
     inventory = timed_lab(tmp_path)
     done = bench("--hosts", str(inventory), "--passes", "1", "--snapshots", "5")
@@ -52,6 +53,7 @@ def test_prints_snapshot_time_and_overhead_share_per_request(tmp_path: Path) -> 
     assert wait_no_sim_processes(port) == []
 
 
+@pytest.mark.slow
 def test_json_output_has_consistent_figures(tmp_path: Path) -> None:
     inventory = timed_lab(tmp_path)
     done = bench("--hosts", str(inventory), "--passes", "1", "--snapshots", "3", "--json", "--build", "two_choice")
@@ -78,6 +80,7 @@ def lifecycle(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_lifecycle_splits_trials_by_phase_and_adds_up(tmp_path: Path) -> None:
     """Well-formed figures only (speed is judged by running the benchmark): the phases of each
     trial, its overhead as their sum without the requests, and the ratio to the ranks' setup."""
@@ -95,6 +98,7 @@ def test_lifecycle_splits_trials_by_phase_and_adds_up(tmp_path: Path) -> None:
         assert t["ratio"] == pytest.approx(t["overhead_s"] / t["rank_setup_s"])
 
 
+@pytest.mark.slow
 def test_lifecycle_prints_a_row_per_trial_and_the_medians(tmp_path: Path) -> None:
     done = lifecycle("--hosts", str(timed_lab(tmp_path)), "--trials", "1", "--build", "two_choice")
     assert done.returncode == 0, done.stderr
@@ -107,6 +111,7 @@ def test_lifecycle_prints_a_row_per_trial_and_the_medians(tmp_path: Path) -> Non
                      rf"setup: -?{NUMBER} s$", out, re.M), out
 
 
+@pytest.mark.slow
 @pytest.mark.sshd
 def test_reports_the_forwarded_routes_cost_against_direct_gets(sshd_lab: SshdLab, tmp_path: Path) -> None:
     inventory, instances = forwarded_lab(sshd_lab, tmp_path)

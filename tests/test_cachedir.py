@@ -19,7 +19,8 @@ from cache_qualify import cachedir
 from cache_qualify.config.inventory import load_inventory
 from cache_qualify.lab.control import Lab
 from cache_qualify.lab.server import ServerGroup
-from tests.labfixtures import REPO, inventory_port, qualify_command, wait_no_sim_processes, write_inventory
+from tests.support.labfixtures import REPO, inventory_port, qualify_command, wait_no_sim_processes, write_inventory
+from tests.support.waiting import wait_for
 
 FLAGS = ("--embedding-table-cache-size", "1G", "--prefix-cache-memory", "0")
 
@@ -111,19 +112,17 @@ def hurry_the_build(rank_logs: list[Path]) -> None:
 
 def wait_for_kernels(folder: Path, timeout_s: float = 600.0) -> list[Path]:
     """The modules a rank's background build writes into `folder` (both parts), once it ended."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def both() -> list[Path]:
         failed = list(folder.glob("rowcache_kernels_*.failed"))
         assert not failed, f"the kernel build failed: {failed[0].read_text()}"
         built = sorted(folder.glob("rowcache_kernels_*_[01].*.so"))
-        if len(built) == 2:
-            # the build has moved both in: wait for it to release its lock (it exits then)
-            subprocess.run(["flock", str(folder / "rowcache_kernels.lock"), "true"], check=True,
-                           timeout=max(deadline - time.monotonic(), 1.0))
-            return built
-        time.sleep(1.0)
-    raise AssertionError(f"no kernels built in {folder} within {timeout_s:g} s:\n"
-                         + (folder / "rowcache_kernels.log").read_text(errors="replace"))
+        return built if len(built) == 2 else []
+
+    built = wait_for(both, timeout_s, f"both kernel modules built in {folder}", every_s=1.0,
+                     detail=lambda: (folder / "rowcache_kernels.log").read_text(errors="replace"))
+    # the build has moved both in: wait for it to release its lock (it exits then)
+    subprocess.run(["flock", str(folder / "rowcache_kernels.lock"), "true"], check=True, timeout=timeout_s)
+    return built
 
 
 @pytest.mark.slow

@@ -14,8 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,8 +25,9 @@ from cache_qualify.qualification import Qualifier, RunOptions
 from cache_qualify.config.profiles import resolve
 from cache_qualify.report.consistency import counter_problems
 from cache_qualify.samples.store import SampleStore
-from tests.labfixtures import (REPO, inventory_port, run_qualify, small_scenario, small_scenario_option,
-                               wait_no_sim_processes, write_inventory)
+from tests.support.labfixtures import (REPO, inventory_port, run_qualify, small_scenario, small_scenario_option,
+                                       wait_no_sim_processes, write_inventory)
+from tests.support.waiting import wait_for
 from tests.test_resume import rows
 from tests.test_xdist import two_groups
 
@@ -77,13 +76,13 @@ def test_an_error_that_stopped_the_owner_is_read_back_not_met_again(tmp_path: Pa
     # an exact test on two trials per build cannot reach this alpha: refused before any lab time
     options = RunOptions(run_id="run", run_dir=tmp_path / "run", seed=1, alpha=0.001, method="mannwhitney",
                          session="one-session")
-    with pytest.raises(PlanError) as owner:
+    with pytest.raises(PlanError, match=r"smallest possible p is") as owner:
         Qualifier(inventory, options).result(scenario)
-    with pytest.raises(RecordedError) as other:
+    with pytest.raises(RecordedError, match=r"^PlanError: .*smallest possible p is") as other:
         Qualifier(inventory, options).result(scenario)
     assert other.value.kind == "PlanError" and str(owner.value) in str(other.value)
     assert f"process {os.getpid()}" in str(other.value)
-    with pytest.raises(PlanError):
+    with pytest.raises(PlanError, match=r"smallest possible p is"):
         Qualifier(inventory, replace(options, session="resumed")).result(scenario)
 
 
@@ -94,16 +93,6 @@ def start(inventory: Path, run_dir: Path, scenario: Path, session: str) -> subpr
                             start_new_session=True)
 
 
-def wait_for(what: str, check: Callable[[], bool], proc: subprocess.Popen[str], timeout_s: float = 60.0) -> None:
-    """Poll `check` while `proc` runs; fail with its output if it ends first or the time runs out."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"{what}: not within {timeout_s} s\n{proc.communicate()[0]}")
-        time.sleep(0.05)
-
-
 def test_a_waiting_process_takes_over_when_the_owner_is_killed(tmp_path: Path) -> None:
     inventory = two_groups(tmp_path)
     scenario = small_scenario(tmp_path, SCENARIO, "1G")
@@ -112,7 +101,7 @@ def test_a_waiting_process_takes_over_when_the_owner_is_killed(tmp_path: Path) -
     owner = start(inventory, run_dir, scenario, "one-session")
     waiter: subprocess.Popen[str] | None = None
     try:
-        wait_for("the owner finished a trial", lambda: len(rows(run_dir / "trials.csv")) >= 1, owner)
+        wait_for(lambda: len(rows(run_dir / "trials.csv")) >= 1, 60, "the owner finished a trial", process=owner)
         assert json.loads(holder.read_text())["pid"] == owner.pid
         waiter = start(inventory, run_dir, scenario, "one-session")
         assert waiter.stdout is not None

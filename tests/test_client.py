@@ -15,7 +15,7 @@ import pytest
 
 from cache_qualify.trials.client import CompletionResult, CompletionsClient
 from cache_qualify.errors import InvalidResponse, PrefixReuse, RequestFailed, RequestTimeout
-from tests.httpfixtures import Reply, Request, StubServer, json_reply
+from tests.support.httpfixtures import Reply, Request, StubServer, json_reply
 
 HOST = "127.0.0.21"
 PATH = "/v1/completions"

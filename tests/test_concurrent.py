@@ -9,13 +9,13 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.labfaults import SimRun, check_aftermath, check_samples, failed, failures, rows, scenario_file
-from tests.labfixtures import QualifyRun, start_qualify, write_inventory
+from tests.support.labfaults import SimRun, check_aftermath, check_samples, failed, failures, rows, scenario_file
+from tests.support.labfixtures import QualifyRun, start_qualify, write_inventory
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -49,13 +49,9 @@ def finish(proc: subprocess.Popen[str], sim: SimRun, run_id: str, timeout_s: flo
 
 def first_to_end(procs: dict[str, subprocess.Popen[str]], sim: SimRun,
                  timeout_s: float = 120.0) -> tuple[str, QualifyRun]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for run_id, proc in procs.items():
-            if proc.poll() is not None:
-                return run_id, finish(proc, sim, run_id)
-        time.sleep(0.1)
-    raise AssertionError(f"neither run ended within {timeout_s} s")
+    run_id = wait_for(lambda: next((run_id for run_id, proc in procs.items() if proc.poll() is not None), ""),
+                      timeout_s, "either run ended", every_s=0.1)
+    return run_id, finish(procs[run_id], sim, run_id)
 
 
 def test_second_runner_fails_naming_the_holder(tmp_path: Path) -> None:

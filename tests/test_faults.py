@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.labfaults import (STARTUP, SimRun, check_aftermath, check_samples, failed, failures,
-                             requests_on_disk, rows, scenario_file)
-from tests.labfixtures import REPO, QualifyRun, start_qualify, write_inventory
+from tests.support.labfaults import (STARTUP, SimRun, check_aftermath, check_samples, failed, failures,
+                                     requests_on_disk, rows, scenario_file)
+from tests.support.labfixtures import REPO, QualifyRun, start_qualify, write_inventory
+from tests.support.waiting import wait_for
 
 if TYPE_CHECKING:
-    from tests.sshd import SshdInstance, SshdLab
+    from tests.support.sshd import SshdInstance, SshdLab
 
 pytestmark = pytest.mark.slow
 
@@ -160,10 +161,8 @@ def stale_lab(tmp_path: Path) -> Iterator[tuple[SimRun, int]]:
 def wait_listening(address: str, port: int, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
     from cache_qualify.lab.control import port_in_use
 
-    deadline = time.monotonic() + timeout_s
-    while not port_in_use(address, port):
-        assert proc.poll() is None and time.monotonic() < deadline, "the stale server did not start"
-        time.sleep(0.1)
+    wait_for(lambda: port_in_use(address, port), timeout_s, f"the stale server listening on {address}:{port}",
+             every_s=0.1, process=proc)
 
 
 def test_stale_server_holds_the_port(stale_lab: tuple[SimRun, int]) -> None:
@@ -233,12 +232,8 @@ def ssh_lab(tmp_path: Path, sshd_lab: SshdLab, *, known: tuple[str, ...] = ("gb1
 
 def wait_requests(proc: subprocess.Popen[str], run_dir: Path, request: str, timeout_s: float = 120.0) -> None:
     """Block until a trial's `request` has its samples on disk (the sequence is running)."""
-    deadline = time.monotonic() + timeout_s
-    while not any(request in done for done in requests_on_disk(run_dir).values()):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"no request {request} was measured:\n{proc.communicate()[0]}")
-        time.sleep(0.02)
+    wait_for(lambda: any(request in done for done in requests_on_disk(run_dir).values()), timeout_s,
+             f"request {request} measured", every_s=0.02, process=proc)
 
 
 def drop_connection(instance: SshdInstance) -> None:

@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.labfixtures import (QualifyRun, committed_inventory, inventory_port, run_qualify, wait_no_sim_processes,
-                               write_inventory)
+from tests.support.labfixtures import (QualifyRun, committed_inventory, inventory_port, run_qualify, wait_no_sim_processes,
+                                       write_inventory)
 
 pytestmark = pytest.mark.slow
 

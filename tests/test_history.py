@@ -1,8 +1,8 @@
 """The qualification history: import, schema upgrades, concurrent writers, change points, the page, planning.
 
-Against SQLite and a real PostgreSQL the tests start themselves (tests/postgres.py),
+Against SQLite and a real PostgreSQL the tests start themselves (tests/support/postgres.py),
 on run folders written by the suite's own writers from simulated series
-(tests/history_sim.py); the page is opened in a real headless Chromium. Whole
+(tests/support/history_sim.py); the page is opened in a real headless Chromium. Whole
 qualifications writing the history live are in tests/test_history_runs.py, the page a lab engineer
 reads in tests/test_history_page.py.
 """
@@ -28,8 +28,8 @@ from cache_qualify.history import schema
 from cache_qualify.history.series import series_of
 from cache_qualify.history.store import History, default_url
 from cache_qualify.report.render import render_run
-from tests import history_sim
-from tests.postgres import Postgres, postgres_server
+from tests.support import history_sim
+from tests.support.postgres import Postgres, postgres_server
 from tests.support.chromium import browser_problems, chromium
 from cache_qualify.stats.validation import binomial_bound
 
@@ -62,6 +62,7 @@ def json_lines(text: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_import_twice_gives_the_same_database(tmp_path: Path, history_url: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     rng = np.random.default_rng(3)
@@ -127,6 +128,7 @@ def test_schema_upgrades_in_place(tmp_path: Path, history_url: str, version: int
         history.runs()
 
 
+@pytest.mark.slow
 def test_two_writers_at_once_both_land_complete(tmp_path: Path, history_url: str) -> None:
     """Two `history import` processes write one database at the same moment (a new one: both also
     race to create the schema)."""
@@ -161,6 +163,7 @@ def _trial_values(rng: np.random.Generator) -> list[tuple[str, str, int, str, fl
     return values
 
 
+@pytest.mark.slow
 def test_a_run_records_each_trial_as_it_ends_in_the_same_time(tmp_path: Path) -> None:
     """200 trials recorded live, as a qualification ends each: the same statements for every trial after
     the first (which makes the schema and the run's row), and the CPU time of the last 50 within 1.5
@@ -238,6 +241,7 @@ def stepped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return reports
 
 
+@pytest.mark.slow
 @ON_STEPPED
 def test_change_found_at_the_step_and_none_without(stepped: Path, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
@@ -258,8 +262,9 @@ def test_change_found_at_the_step_and_none_without(stepped: Path, tmp_path: Path
     assert len(trend) == 23 and all(r["ci_low"] < r["mean"] < r["ci_high"] for r in trend)  # type: ignore[operator]
 
 
+@pytest.mark.slow
 def test_change_point_rates_hold_quick() -> None:
-    """The rates docs/history.md states (`python -m tests.history_sim`), on fewer series: false alarms
+    """The rates docs/history.md states (`python -m tests.support.history_sim`), on fewer series: false alarms
     at most alpha (up to binomial noise), a 2 sd step found at its run within 3 runs in 90 %."""
     series = 100
     rates = history_sim.measure(series, seed=2, after=(3,))
@@ -293,6 +298,7 @@ def test_bad_history_url_is_explained(capsys: pytest.CaptureFixture[str]) -> Non
     assert "the folder /no/such/folder does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @ON_STEPPED
 def test_page_loads_in_a_browser_with_every_run_and_its_trends(stepped: Path, tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
@@ -322,10 +328,11 @@ def test_page_loads_in_a_browser_with_every_run_and_its_trends(stepped: Path, tm
         driver.quit()
 
 
+@pytest.mark.slow
 def test_history_url_from_the_inventory_or_the_command_line_is_checked(tmp_path: Path) -> None:
     from cache_qualify.config.inventory import load_inventory
     from cache_qualify.errors import InventoryError
-    from tests.labfixtures import REPO, qualify_command, write_inventory
+    from tests.support.labfixtures import REPO, qualify_command, write_inventory
 
     inventory = write_inventory(tmp_path)
     text = inventory.read_text(encoding="utf-8")

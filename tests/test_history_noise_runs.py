@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.labfixtures import run_qualify, write_inventory
+from tests.support.labfixtures import run_qualify, write_inventory
 
 pytestmark = pytest.mark.slow
 

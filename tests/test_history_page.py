@@ -1,6 +1,6 @@
 """The history page a lab engineer reads, in a real headless Chromium (tests/support/chromium.py).
 
-A lab's history written by the suite's own writers (tests/history_sim.py): eight
+A lab's history written by the suite's own writers (tests/support/history_sim.py): eight
 qualifications of two_choice against set4, the first from before plans recorded
 units, set4's ref and re-read hit rate stepping at the fifth, one bad start of
 set4 in the sixth (every wait about four times longer, flagged and set aside by
@@ -23,10 +23,10 @@ from selenium.webdriver.support.ui import Select
 
 from cache_qualify.cli import main
 from cache_qualify.history.store import History, default_url
-from tests import history_sim
+from tests.support import history_sim
 from tests.support.chromium import browser_problems, chromium
 
-pytestmark = pytest.mark.xdist_group("history-page")  # one worker writes the lab's history once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("history-page")]  # one worker writes the lab's history once
 
 RUNS, BAD_RUN = 8, 5
 BAD_TRIAL = 2  # the start history_sim makes bad (0-based)

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from cache_qualify.history.store import History, default_url
-from tests.labfixtures import run_qualify, small_scenario_option, start_qualify, write_inventory
-from tests.postgres import Postgres, postgres_server
+from tests.support.labfixtures import run_qualify, small_scenario_option, start_qualify, write_inventory
+from tests.support.postgres import Postgres, postgres_server
 from tests.test_resume import OPTIONS, wait_mid_trial
 
 pytestmark = pytest.mark.slow

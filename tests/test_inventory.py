@@ -20,7 +20,7 @@ from cache_qualify.config.inventory import (Host, Inventory, check_address, inve
 from cache_qualify.config import yamlsource
 from cache_qualify.config.scenario import SCENARIO_DIR
 from cache_qualify.config.yamlsource import load_yaml
-from tests.labfixtures import REPO, edited, write_file
+from tests.support.labfixtures import REPO, edited, write_file
 
 
 # A small valid inventory; each malformed case edits one piece of its text, so
@@ -528,6 +528,7 @@ def test_a_missing_default_ssh_config_is_empty(tmp_path: Path, monkeypatch: pyte
     assert inventory.addresses(inventory.hosts[0]).listen == "127.0.0.21"
 
 
+@pytest.mark.slow
 def test_a_missing_named_ssh_config_is_one_line_at_load(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere" / "ssh_config"
     path = write(tmp_path, edit("  user: qualify\n", f"  user: qualify\n  ssh_config: {missing}\n"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.labfixtures import REPO
+from tests.support.labfixtures import REPO
 
 
 def test_import_contracts_are_kept() -> None:

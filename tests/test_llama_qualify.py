@@ -18,12 +18,12 @@ import pytest
 import yaml
 
 from cache_qualify.lab.control import free_port
-from tests.labfixtures import REPO, QualifyRun, run_qualify
+from tests.support.labfixtures import REPO, QualifyRun, run_qualify
 from tests.support.llama_server import _worker_address, llama_server_binary
 from tests.support.tiny_model import TinyModel, make_tiny_model
 
 if TYPE_CHECKING:
-    from tests.sshd import SshdInstance, SshdLab
+    from tests.support.sshd import SshdInstance, SshdLab
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("llama-qualify")]
 

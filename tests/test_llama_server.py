@@ -225,6 +225,7 @@ def test_metrics_names_and_types(serve: ServeFn) -> None:
     assert re.findall(r"^llamacpp:\w+ (\S+)$", text, re.M) == ["0"] * (len(COUNTERS) + len(GAUGES))
 
 
+@pytest.mark.slow
 def test_counter_values_print_with_six_significant_digits(serve: ServeFn, model: TinyModel) -> None:
     """C++'s default stream format (%g, 6 digits): exact below 1,000,000, rounded above it."""
     server = serve("--metrics", *ONE_SLOT)
@@ -241,6 +242,7 @@ def test_counter_values_print_with_six_significant_digits(serve: ServeFn, model:
     assert seconds is not None and len(seconds[1].replace(".", "").lstrip("0")) <= 6
 
 
+@pytest.mark.slow
 def test_counters_have_settled_when_the_response_arrives(serve: ServeFn, model: TinyModel) -> None:
     """No race: a scrape right after the answer (on another connection) already counts it."""
     server = serve("--metrics", *ONE_SLOT)
@@ -294,6 +296,7 @@ CACHE_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("flags", "kind", "cached"), CACHE_CASES,
                          ids=[f"{' '.join(f) or 'defaults'}: {k}" for f, k, _ in CACHE_CASES])
 def test_what_each_cache_flag_reuses(serve: ServeFn, model: TinyModel, flags: tuple[str, ...], kind: str,
@@ -306,6 +309,7 @@ def test_what_each_cache_flag_reuses(serve: ServeFn, model: TinyModel, flags: tu
         assert (s.counted_cached, s.counted) == (s.cache_n, s.prompt_n)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("baseline", "candidate", "kind", "rereads"), [
     ((*ONE_SLOT, "--cache-ram", "0"), ONE_SLOT, "exact re-sends", (2, 3)),
     (ONE_SLOT, (*ONE_SLOT, "--cache-reuse", "256"), "re-read dropping 16 at once", (1, 3)),

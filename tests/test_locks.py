@@ -21,6 +21,7 @@ import pytest
 from cache_qualify.errors import LockHeld, TransportError
 from cache_qualify.lab.locks import Holder, HostLock
 from cache_qualify.lab.transport import LocalTransport, SshTransport, Transport
+from tests.support.waiting import wait_for
 from tests.test_transport_local import live_processes_with
 
 # a runner in its own process: takes the lock, says so, then sleeps until killed
@@ -141,14 +142,43 @@ def test_holder_ignores_hangups_and_interrupts(
                             on_release=f"touch {marker}")
     holders = live_processes_with(f"flock -o -E 75 -n {lock_path}")
     assert holders
-    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE):
-        os.killpg(os.getpgid(holders[0]), sig)  # the whole holder group: flock, sh and cat
-    time.sleep(0.3)
+    group = os.getpgid(holders[0])
+    # the holder is whole once its cat reads the channel: flock, the shells and cat
+    members = wait_for(lambda: group_members(group) if any(
+        name == "cat" for name in group_members(group).values()) else {}, 30, "the holder's cat started")
+    signals = (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE)
+    for sig in signals:
+        os.killpg(group, sig)
+    # an ignored signal is discarded when it is sent: none is pending that could end a holder later
+    for pid, name in members.items():
+        assert ignored_signals(pid) >= set(signals), f"{name} (pid {pid}) does not ignore {signals}"
+    assert members.items() <= group_members(group).items(), "a holder process ended on a signal"
     assert lock.held
-    with pytest.raises(LockHeld):
+    with pytest.raises(LockHeld, match=r"is held by .* \(run r1, pid \d+\)"):
         HostLock.acquire(other, path=str(lock_path), holder=Holder.current("r2"))
     lock.release()
     assert marker.exists()
+
+
+def group_members(group: int) -> dict[int, str]:
+    """The running processes of a process group: pid -> name."""
+    found = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            name, fields = (proc / "stat").read_text().rsplit(")", 1)
+        except OSError:
+            continue   # gone meanwhile
+        state, _, pgrp = fields.split()[:3]
+        if int(pgrp) == group and state != "Z":
+            found[int(proc.name)] = name.split("(", 1)[1]
+    return found
+
+
+def ignored_signals(pid: int) -> set[signal.Signals]:
+    """The signals process `pid` ignores (SIG_IGN), from /proc's SigIgn mask."""
+    mask = int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if line.startswith("SigIgn:")), 16)
+    return {sig for sig in signal.Signals if sig < 64 and mask >> (sig - 1) & 1}
 
 
 def test_a_lock_that_cannot_be_taken_says_why(any_transport: Transport) -> None:

@@ -1,5 +1,5 @@
 """Many-to-one decisions: Dunnett's level, each candidate decided as if alone, losing arms dropped,
-the ranking, and the validation harness's promises (tests/tournament_sim.py) on seeded simulations."""
+the ranking, and the validation harness's promises (tests/support/tournament_sim.py) on seeded simulations."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from cache_qualify.stats.sequential import DEFAULT_BOUNDARY, plan_looks
 from cache_qualify.stats.simulate import SHAPES
 from cache_qualify.stats.validation import binomial_bound
 from cache_qualify.stats.verdict import Verdict, carry, evaluate
-from tests import tournament_sim as sim
+from tests.support import tournament_sim as sim
 
 RUNS = 400          # per fixed-design harness row: a second or two each
 ALPHA = 0.05        # the harness's level: rates near 0.01 would need far more runs to check
@@ -94,6 +94,7 @@ def _alone(draws: dict[str, tuple[np.ndarray, np.ndarray]], looks: tuple[int, ..
     return verdicts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("looks", [(5,), tuple(range(3, 14))], ids=["fixed", "sequential"])
 def test_gate_decides_each_candidate_exactly_as_alone(looks: tuple[int, ...]) -> None:
     rng = np.random.default_rng(11)
@@ -167,8 +168,9 @@ def test_lab_time_counts_a_shared_baseline_once() -> None:
     assert tournament_starts([4, 4, 4]) == (16, 24)
 
 
-# --- the validation harness's figures (python -m tests.tournament_sim prints them at more runs) ----------
+# --- the validation harness's figures (python -m tests.support.tournament_sim prints them at more runs) ----------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["gate", "screening"])
 def test_aa_false_pass_per_candidate_within_its_bound(mode: str) -> None:
     one = sim.hit_rate_gain()
@@ -179,6 +181,7 @@ def test_aa_false_pass_per_candidate_within_its_bound(mode: str) -> None:
     assert sum(s.passes.values()) > 0  # the hardest case (one gain, no minimum effect) does pass at times
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("noise", "trials"), [("normal", 5), ("normal", 10), ("heavy-tailed", 10)])
 def test_screening_false_recommendation_within_its_bound(noise: str, trials: int) -> None:
     """The gate's own Tournament, three null candidates: screening holds the family within its bound, a gate
@@ -191,12 +194,14 @@ def test_screening_false_recommendation_within_its_bound(noise: str, trials: int
     assert screening.any_pass <= binomial_bound(RUNS, ALPHA, 0.999) < gate.any_pass  # the control holds it
 
 
+@pytest.mark.slow
 def test_screening_false_recommendation_sequential() -> None:
     one = sim.hit_rate_gain()
     s = sim.simulate(one, sim.null_effects(one), sim.SEQUENTIAL, runs=100, alpha=ALPHA, mode="screening", seed=33)
     assert s.any_pass <= binomial_bound(100, ALPHA)
 
 
+@pytest.mark.slow
 def test_tournament_of_the_study_candidates_at_equal_power() -> None:
     """The study's candidates on the default scenario: each passes as alone would, and the tournament saves
     starts; sequentially, candidates stop at different looks, so less than a fixed design's third."""

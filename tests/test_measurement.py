@@ -13,7 +13,7 @@ from cache_qualify.config.yamlsource import FieldProblem
 from cache_qualify.errors import InventoryError, ProfileError
 from cache_qualify.trials.figures import combine, delta
 from cache_qualify.trials.measure import Snapshot
-from tests.labfixtures import REPO, edited, write_file
+from tests.support.labfixtures import REPO, edited, write_file
 
 HOSTS_YAML = (REPO / "hosts.yaml").read_text(encoding="utf-8")
 

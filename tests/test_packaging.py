@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.labfixtures import REPO
+from tests.support.labfixtures import REPO
 
 PROBE = ("import fixtures, cache_qualify.plugin, cache_qualify.sim.server; from fixtures import TempDir; "
          "print(fixtures.__file__); print(cache_qualify.plugin.__file__)")
@@ -33,6 +33,7 @@ def test_pypi_fixtures_and_cache_qualify_import_side_by_side(where: str, tmp_pat
     assert plugin_file == REPO / "fixtures" / "cache_qualify" / "plugin.py"
 
 
+@pytest.mark.slow
 def test_the_wheel_installs_one_top_level_package_with_its_data(tmp_path: Path) -> None:
     source = tmp_path / "src"
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "reports", "build", "*.egg-info",

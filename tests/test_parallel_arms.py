@@ -29,7 +29,7 @@ from cache_qualify.stats.simulate import LAB_BAD_STARTS, SHAPES, draw
 from cache_qualify.stats.verdict import Trials, Verdict, carry, decided, evaluate
 from cache_qualify.trials.crossover import check_arms, crossover, equal_groups
 from cache_qualify.trials.runner import interleave
-from tests.labfixtures import REPO, inventory_port, run_qualify, small_scenario, wait_no_sim_processes, write_inventory
+from tests.support.labfixtures import REPO, inventory_port, run_qualify, small_scenario, wait_no_sim_processes, write_inventory
 
 TEST_SLEEP_SCALE = 0.01   # loading weights: 120 s -> 1.2 s a start, so a block's two starts overlap
 BENCH_SLEEP_SCALE = 0.2   # 24 s a start: the servers' time dominates, as on real hosts

@@ -35,6 +35,7 @@ def _write_pilot(path: Path, *, builds: dict[str, float], sd: float, trials: int
     return values
 
 
+@pytest.mark.slow
 def test_plan_from_a_min_effect_runs_as_a_console_script_and_sizes_the_rule_as_implemented() -> None:
     """A gain is H0 "improvement <= min_effect": sized for a true 1.5 x min_effect, i.e. 0.5 x min_effect
     from the null, on paired blocks (differences vary by sqrt(2) x sd)."""
@@ -120,6 +121,7 @@ def test_plan_refuses_missing_inputs_and_unknown_builds(tmp_path: Path, capsys: 
     assert "--candidate 'set8' is not a build of the pilot; it has set4, lru4" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_plan_from_the_emulators_prediction_sizes_every_assertion_or_names_it_unsized(
         capsys: pytest.CaptureFixture[str]) -> None:
     """Effect and start-to-start noise from the emulator: the RowCache study's large re-read gain needs the
@@ -165,6 +167,7 @@ def test_plan_prints_values_in_their_units(capsys: pytest.CaptureFixture[str]) -
     assert "| readiness_wait_ns | - | gain | - | - | +0.3 s | +0.2 s | 0.35 s |" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_plan_sizes_a_tournament_from_the_emulator(capsys: pytest.CaptureFixture[str]) -> None:
     """Starts per arm for two candidates at once: each sized on the scenario's gains, the baseline shared."""
     assert main(["plan", "--emulate", "--baseline", "set4", "--candidate", "set8,two_choice", "--seeds", "3",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.labfixtures import REPO, run_qualify, write_inventory
+from tests.support.labfixtures import REPO, run_qualify, write_inventory
 
 
 def pytest_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -16,6 +16,7 @@ def pytest_cli(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_testinfra_is_installed_here() -> None:
     """The coexistence tests below mean something only with testinfra loaded."""
     help_text = pytest_cli("--help").stdout
@@ -23,6 +24,7 @@ def test_testinfra_is_installed_here() -> None:
     assert "--inventory=HOSTS_YAML" in help_text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("testinfra", ["loaded", "blocked"])
 def test_hosts_option_works_with_and_without_testinfra(tmp_path: Path, testinfra: str) -> None:
     """testinfra defines its own --hosts; the plugin reuses it, or defines it when testinfra is off."""
@@ -35,6 +37,7 @@ def test_hosts_option_works_with_and_without_testinfra(tmp_path: Path, testinfra
         assert "--ssh-identity-file" not in pytest_cli("--help", *extra).stdout
 
 
+@pytest.mark.slow
 def test_inventory_alias(tmp_path: Path) -> None:
     inventory = write_inventory(tmp_path)
     proc = pytest_cli("qualify", "--inventory", str(inventory), "--reports-dir", str(tmp_path / "r"),
@@ -43,6 +46,7 @@ def test_inventory_alias(tmp_path: Path) -> None:
     assert "16 passed" in proc.stdout
 
 
+@pytest.mark.slow
 def test_malformed_inventory_is_a_usage_error_naming_file_line_and_field(tmp_path: Path) -> None:
     bad = tmp_path / "hosts.yaml"
     bad.write_text((REPO / "hosts.yaml").read_text().replace("rank: 2", "rank: two"))
@@ -51,24 +55,28 @@ def test_malformed_inventory_is_a_usage_error_naming_file_line_and_field(tmp_pat
     assert f"{bad}:" in proc.stderr and "hosts[2].rank" in proc.stderr and "expected" in proc.stderr
 
 
+@pytest.mark.slow
 def test_unknown_candidate_lists_the_builds(tmp_path: Path) -> None:
     proc = pytest_cli("qualify", "--hosts", "hosts.yaml", "--candidate", "set5", "--reports-dir", str(tmp_path))
     assert proc.returncode == 4
     assert "unknown build 'set5'; known builds: " in proc.stderr and "two_choice" in proc.stderr
 
 
+@pytest.mark.slow
 def test_unknown_scenario_lists_the_scenarios(tmp_path: Path) -> None:
     proc = pytest_cli("qualify", "--hosts", "hosts.yaml", "--scenario", "reread-2g", "--reports-dir", str(tmp_path))
     assert proc.returncode == 4
     assert "unknown scenario 'reread-2g'; available: long-prompt, reread-1g, reread-4g" in proc.stderr
 
 
+@pytest.mark.slow
 def test_resume_of_an_unknown_run_is_a_usage_error(tmp_path: Path) -> None:
     proc = pytest_cli("qualify", "--hosts", "hosts.yaml", "--resume", "no-such-run", "--reports-dir", str(tmp_path))
     assert proc.returncode == 4
     assert "--resume:" in proc.stderr and "plan.json does not exist" in proc.stderr
 
 
+@pytest.mark.slow
 def test_preflight_names_the_host_whose_drop_needs_a_password(tmp_path: Path) -> None:
     inventory = write_inventory(tmp_path, server={
         "drop_caches": "echo 'sudo: a password is required' >&2; exit 1"})
@@ -80,6 +88,7 @@ def test_preflight_names_the_host_whose_drop_needs_a_password(tmp_path: Path) ->
     assert "NOPASSWD" in run.output
 
 
+@pytest.mark.slow
 def test_preflight_names_a_missing_build(tmp_path: Path) -> None:
     inventory = write_inventory(tmp_path, builds={"ghost": {"path": "/nonexistent/flare-server", "flags": []}},
                                 candidate="ghost")
@@ -88,6 +97,7 @@ def test_preflight_names_a_missing_build(tmp_path: Path) -> None:
     assert "build executable not found: build 'ghost': /nonexistent/flare-server" in run.output
 
 
+@pytest.mark.slow
 def test_plugin_loads_without_xdist(tmp_path: Path) -> None:
     """The xdist hooks are optional: `-p no:xdist` (or no xdist installed) still qualifies."""
     inventory = write_inventory(tmp_path)

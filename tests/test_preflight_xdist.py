@@ -21,8 +21,8 @@ import pytest
 from cache_qualify.errors import PreflightUnfinished, SamplesError
 from cache_qualify.samples import runfolder
 from cache_qualify.samples.runfolder import PreflightOutcome
-from tests.labfixtures import (REPO, inventory_port, run_qualify, small_scenario_option, wait_no_sim_processes,
-                               write_inventory)
+from tests.support.labfixtures import (REPO, inventory_port, run_qualify, small_scenario_option, wait_no_sim_processes,
+                                       write_inventory)
 from tests.test_resume import rows
 from tests.test_xdist import scenario_args, two_groups
 
@@ -110,7 +110,7 @@ def test_the_wait_gives_up_naming_the_preflight_tests_it_waited_for(tmp_path: Pa
         runfolder.write_preflight(tmp_path, "this-run", outcome(nodeid))
     runfolder.write_preflight(tmp_path, "earlier-run", outcome(NODEIDS[1]))  # a resumed run's: not this one's
     started = time.monotonic()
-    with pytest.raises(PreflightUnfinished) as gave_up:
+    with pytest.raises(PreflightUnfinished, match=r"^6 of 7 preflight tests recorded no outcome in ") as gave_up:
         runfolder.wait_preflight(tmp_path, "this-run", NODEIDS, stall_s=0.5, poll_s=0.05)
     assert 0.5 <= time.monotonic() - started < 5
     message = str(gave_up.value)

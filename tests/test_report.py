@@ -251,6 +251,7 @@ def test_estimate_matches_the_t_interval_and_degrades_without_noise_estimate() -
 
 # --- summary.md ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_summary_leads_with_run_lab_builds_and_overall_verdict(summary: str) -> None:
     head = summary.splitlines()[:3]
     assert head[0] == "# cache-qualify run `r1`: FAIL"
@@ -410,6 +411,7 @@ def copied_run(failing_run: Run, tmp_path: Path) -> Iterator[Path]:
     yield target
 
 
+@pytest.mark.slow
 def test_cli_report_rerenders(copied_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", str(copied_run)]) == 0
     out = capsys.readouterr().out
@@ -430,6 +432,7 @@ def test_empty_samples_file_is_explained(copied_run: Path) -> None:
         render_run(copied_run)
 
 
+@pytest.mark.slow
 def test_damaged_samples_file_is_explained(copied_run: Path) -> None:
     with (copied_run / "samples.csv").open("a", encoding="utf-8") as f:
         f.write("r1,reread-1g,set4\n")

@@ -10,15 +10,15 @@ import csv
 import os
 import signal
 import subprocess
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from cache_qualify.samples.store import OK, SampleStore
-from tests.labfixtures import (inventory_port, run_qualify, small_scenario_option, start_qualify, wait_no_sim_processes,
-                               write_inventory)
+from tests.support.labfixtures import (inventory_port, run_qualify, small_scenario_option, start_qualify,
+                                       wait_no_sim_processes, write_inventory)
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -42,17 +42,13 @@ def rows(path: Path) -> list[dict[str, str]]:
 
 def wait_mid_trial(proc: subprocess.Popen[str], run_dir: Path, timeout_s: float = 120.0) -> set[str]:
     """Block until one trial is finished and the next has request samples on disk; its attempts."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"the run ended before it could be interrupted:\n{proc.communicate()[0]}"
+    def running() -> set[str]:
         finished = {r["attempt"] for r in rows(run_dir / "trials.csv")}
-        running = {r["attempt"] for r in rows(run_dir / "samples.csv")
+        started = {r["attempt"] for r in rows(run_dir / "samples.csv")
                    if r["request"] == "A" and r["attempt"] not in finished}
-        if finished and running:
-            return running
-        time.sleep(0.05)
-    proc.kill()
-    raise AssertionError(f"no second trial started within {timeout_s} s:\n{proc.communicate()[0]}")
+        return started if finished else set()
+
+    return wait_for(running, timeout_s, "a trial finished and the next one's request A measured", process=proc)
 
 
 def interrupt_and_resume(tmp_path: Path, stop: signal.Signals) -> None:

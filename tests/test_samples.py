@@ -127,6 +127,7 @@ def _writer(run_dir: str, worker: int, rows: int) -> None:
         store.add_trial(trial_row(f"build-{worker}", i, attempt))
 
 
+@pytest.mark.slow
 def test_concurrent_appends_from_processes_do_not_interleave(store: SampleStore) -> None:
     workers, rows = 4, 40
     ctx = multiprocessing.get_context("spawn")

@@ -10,7 +10,7 @@ from cache_qualify.errors import ScenarioError
 from cache_qualify.config.profiles import resolve
 from cache_qualify.config.scenario import available_scenarios, check_against, find_scenario, load_scenario
 from cache_qualify.stats.assertions import assertions_for
-from tests.labfixtures import REPO, edited, write_file
+from tests.support.labfixtures import REPO, edited, write_file
 
 
 # Lines: 1 name, 2 description, 3 corpus, 4 default, 5 server_flags, 6 requests, 7 A, 8 A2,

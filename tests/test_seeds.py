@@ -11,7 +11,7 @@ from cache_qualify.config.inventory import load_inventory
 from cache_qualify.lab.control import Lab
 from cache_qualify.lab.server import ServerGroup
 from cache_qualify.trials.seeds import SEED_BITS, start_seed
-from tests.labfixtures import REPO, write_file
+from tests.support.labfixtures import REPO, write_file
 
 
 def test_a_start_seed_is_a_function_of_the_run_seed_and_the_starts_place() -> None:

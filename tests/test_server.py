@@ -18,8 +18,9 @@ from cache_qualify.config.inventory import Inventory, load_inventory
 from cache_qualify.lab.control import RUNNING_FUNCTION, Lab, backoff_delays
 from cache_qualify.lab.server import ServerGroup
 from cache_qualify.trials.measure import read_start
-from tests.labfixtures import REPO, inventory_port, sim_processes, wait_no_sim_processes, write_inventory
-from tests.sshd import SshdLab
+from tests.support.labfixtures import REPO, inventory_port, sim_processes, wait_no_sim_processes, write_inventory
+from tests.support.sshd import SshdLab
+from tests.support.waiting import wait_for
 
 FLAGS = ("--embedding-table-cache-size", "1G", "--prefix-cache-memory", "0")
 
@@ -85,14 +86,13 @@ def test_a_rank_that_exited_keeps_its_status_beside_it_when_others_are_down_too(
     with open_lab(inventory) as lab:
         server = start_build(lab, "rank1-exits")
         try:
-            with pytest.raises(RankExited):
+            with pytest.raises(RankExited, match=r"^host gb10-b rank 1: rank 1 of build 'rank1-exits' exited"):
                 server.wait_ready(timeout_s=60)
             for pid, _ in sim_processes(port):  # the peers go down too, behind the group's back
                 os.kill(pid, signal.SIGKILL)
             assert wait_no_sim_processes(port) == []
-            deadline = time.monotonic() + 30  # until each rank's wrapper has recorded how it ended
-            while any(server.status(p).running for p in server.ranks) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_for(lambda: not any(server.status(p).running for p in server.ranks), 60,
+                     "each rank's wrapper recorded how it ended")
             with pytest.raises(RankExited, match=r"^host gb10-b rank 1: rank 1 of build 'rank1-exits' exited after "
                                                  r"the peers \(exit status [1-9]\d*\); also not running: rank 2 "
                                                  r"on host gb10-c, rank 0 on host gb10-a\n--- last lines") as info:
@@ -158,6 +158,7 @@ def test_closing_the_lab_stops_servers_the_runner_left(inventory: Inventory) -> 
     assert [r for r in records if r.exists()] == [], "a process-group record outlived its group"
 
 
+@pytest.mark.slow
 def test_sigkilled_runner_leaves_no_server_and_no_lock(tmp_path: Path) -> None:
     path = write_inventory(tmp_path)
     port = inventory_port(path)
@@ -210,6 +211,7 @@ def test_page_cache_drop_is_recorded_per_host(inventory: Inventory) -> None:
     assert all(r.ok for r in records)
 
 
+@pytest.mark.slow
 @pytest.mark.sshd
 def test_three_rank_server_over_ssh(sshd_lab: SshdLab, tmp_path: Path) -> None:
     """Three loopback sshd hosts: start, read KV pages, stop, nothing left."""
@@ -240,13 +242,11 @@ def test_a_group_of_zombies_counts_as_stopped_and_a_live_one_as_running() -> Non
             return subprocess.run(["/bin/sh", "-c", line], capture_output=True, text=True, timeout=30,
                                   env={"PATH": "/nonexistent"}).stdout
 
-        deadline = time.monotonic() + 10
-        while os.getsid(leader.pid) != leader.pid and time.monotonic() < deadline:
-            time.sleep(0.01)  # setsid has not run yet
+        wait_for(lambda: os.getsid(leader.pid) == leader.pid, 30, "setsid made the leader's session", every_s=0.01)
         assert check(leader.pid).split() == ["running", "exists"]
         leader.kill()
-        while open(f"/proc/{leader.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
-            time.sleep(0.01)
+        wait_for(lambda: open(f"/proc/{leader.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", 30,
+                 "the killed leader a zombie", every_s=0.01)
         assert check(leader.pid).split() == ["gone", "exists"]  # a zombie: dead, not yet reaped
     finally:
         leader.kill()

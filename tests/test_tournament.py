@@ -12,7 +12,7 @@ import pytest
 from cache_qualify.samples.records import ArmRecord, ArmsRecord, Plan, VerdictRecord
 from cache_qualify.stats.manytoone import screening_level
 from cache_qualify.trials.runner import interleave
-from tests.labfixtures import QualifyRun, run_qualify, write_inventory
+from tests.support.labfixtures import QualifyRun, run_qualify, write_inventory
 
 ARMS = ("set4", "set8", "set16", "two_choice", "lru4")
 GAINS = ("hit_rate-gain[B-new-start]", "hit_rate-gain[A-third-read]", "readiness_wait_ns-gain[B-new-start]",
@@ -41,6 +41,7 @@ def four(tmp_path_factory: pytest.TempPathFactory) -> QualifyRun:
                        "--trials", "2", "--max-trials", "3", "--seed", "7", timeout_s=600)
 
 
+@pytest.mark.slow
 @ON_FOUR
 def test_gate_passes_three_candidates_and_fails_lru4_on_the_third_read(four: QualifyRun) -> None:
     assert four.returncode == 1, four.output  # each candidate is a gate of its own: lru4 fails the run
@@ -58,6 +59,7 @@ def test_gate_passes_three_candidates_and_fails_lru4_on_the_third_read(four: Qua
         "two_choice"
 
 
+@pytest.mark.slow
 @ON_FOUR
 def test_blocks_hold_every_running_arm_in_the_seeded_order(four: QualifyRun) -> None:
     trials = pd.read_csv(four.run_dir() / "trials.csv")
@@ -70,6 +72,7 @@ def test_blocks_hold_every_running_arm_in_the_seeded_order(four: QualifyRun) -> 
     assert trials["trial"].max() == (trials["build"] == "set4").sum() - 1
 
 
+@pytest.mark.slow
 @ON_FOUR
 def test_report_ranks_two_choice_first_and_recommends_it(four: QualifyRun) -> None:
     summary = (four.run_dir() / "summary.md").read_text(encoding="utf-8")
@@ -86,6 +89,7 @@ def test_report_ranks_two_choice_first_and_recommends_it(four: QualifyRun) -> No
            "hit_rate-gain[A-third-read]" in summary
 
 
+@pytest.mark.slow
 @ON_FOUR
 def test_lab_time_per_arm_in_the_report_and_provenance(four: QualifyRun) -> None:
     run_dir = four.run_dir()
@@ -102,6 +106,7 @@ def test_lab_time_per_arm_in_the_report_and_provenance(four: QualifyRun) -> None
             f"would have needed {separate} ({saving:.0%} fewer here).") in summary
 
 
+@pytest.mark.slow
 def test_tournament_exits_zero_when_one_candidate_passes(tmp_path: Path) -> None:
     run = run_qualify(write_inventory(tmp_path), tmp_path / "reports", "--candidate", "lru4,two_choice",
                       "--tournament", "--alpha", "0.05", "--trials", "2", "--max-trials", "2", "--seed", "3",

@@ -21,7 +21,7 @@ from cache_qualify.samples.store import FAILED, INVALID, OK, SampleStore
 from cache_qualify.config.scenario import Scenario, find_scenario, load_scenario
 from cache_qualify.samples.store import ALL, STARTUP
 from cache_qualify.trials.runner import TrialResult, TrialRunner, TrialSlot, interleave, scenario_requests
-from tests.labfixtures import inventory_port, wait_no_sim_processes, write_inventory
+from tests.support.labfixtures import inventory_port, wait_no_sim_processes, write_inventory
 
 SIM_SEED = 20240611
 HOSTS = ("gb10-a", "gb10-b", "gb10-c")
@@ -98,6 +98,7 @@ def emulated(policies: tuple[str, ...], seed: int) -> dict[str, dict[str, dict[s
 # --- one trial of each build -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @ON_THE_LAB
 def test_both_builds_finish_ok_with_samples_for_every_request_and_host(sim: SimLab,
                                                                        pair: dict[str, TrialResult]) -> None:
@@ -113,6 +114,7 @@ def test_both_builds_finish_ok_with_samples_for_every_request_and_host(sim: SimL
     assert sorted(zip(trials["build"], trials["outcome"])) == [("set4", OK), ("two_choice", OK)]
 
 
+@pytest.mark.slow
 @ON_THE_LAB
 def test_misses_are_rows_added_plus_evictions_plus_refused_on_every_host(sim: SimLab,
                                                                           pair: dict[str, TrialResult]) -> None:
@@ -126,6 +128,7 @@ def test_misses_are_rows_added_plus_evictions_plus_refused_on_every_host(sim: Si
             assert (hosts[metric].groupby(level="request").sum() == table.xs(ALL, level="host")[metric]).all()
 
 
+@pytest.mark.slow
 @ON_THE_LAB
 def test_combined_hit_rates_match_the_emulator_within_half_a_point(sim: SimLab,
                                                                    pair: dict[str, TrialResult]) -> None:
@@ -145,6 +148,7 @@ def test_combined_hit_rates_match_the_emulator_within_half_a_point(sim: SimLab,
     assert two.loc[("B-new-start", ALL), "hit_rate"] > set4.loc[("B-new-start", ALL), "hit_rate"] + 0.05
 
 
+@pytest.mark.slow
 @ON_THE_LAB
 def test_exposed_readiness_wait_is_rank0s_and_the_sum_is_kept(sim: SimLab, pair: dict[str, TrialResult]) -> None:
     table = per_request(sim.samples("set4", pair["set4"].row.trial))
@@ -155,6 +159,7 @@ def test_exposed_readiness_wait_is_rank0s_and_the_sum_is_kept(sim: SimLab, pair:
         assert table.loc[(request, ALL), "client_time_s"] > 0
 
 
+@pytest.mark.slow
 @ON_THE_LAB
 def test_progress_names_each_phase_and_request(sim: SimLab, pair: dict[str, TrialResult]) -> None:
     set4 = [p for p in sim.phases if "trial 1, build set4:" in p]
@@ -162,6 +167,7 @@ def test_progress_names_each_phase_and_request(sim: SimLab, pair: dict[str, Tria
     assert [p.rsplit(": ", 1)[1] for p in set4 if "request" in p] == [f"request {r}" for r in REQUESTS]
 
 
+@pytest.mark.slow
 @ON_THE_LAB
 def test_exported_refused_inserts_equal_the_derived_ones(sim: SimLab) -> None:
     result = sim.trial("refused-metric", 10)
@@ -175,6 +181,7 @@ def test_exported_refused_inserts_equal_the_derived_ones(sim: SimLab) -> None:
 # --- faults ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @ON_THE_LAB
 def test_prefix_reuse_makes_the_trial_invalid_and_says_why(sim: SimLab) -> None:
     result = sim.trial("prefix-reuse", 20)
@@ -200,6 +207,7 @@ def looks_after_the_failure(caplog: pytest.LogCaptureFixture) -> int:
     return sum("echo gone" in line for line in lines[last_scrape:stop])
 
 
+@pytest.mark.slow
 @ON_THE_LAB
 def test_missing_metric_names_the_metric_and_the_host(sim: SimLab, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
@@ -215,6 +223,7 @@ def test_missing_metric_names_the_metric_and_the_host(sim: SimLab, caplog: pytes
     assert wait_no_sim_processes(sim.port) == []
 
 
+@pytest.mark.slow
 @ON_THE_LAB
 def test_metrics_answering_500_fail_the_trial_naming_the_host(sim: SimLab, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
@@ -228,6 +237,7 @@ def test_metrics_answering_500_fail_the_trial_naming_the_host(sim: SimLab, caplo
     assert wait_no_sim_processes(sim.port) == []
 
 
+@pytest.mark.slow
 @ON_THE_LAB
 def test_crash_on_the_third_request_keeps_two_requests_and_stops_every_rank(sim: SimLab) -> None:
     result = sim.trial("crash-request3", 23)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.labfixtures import REPO
+from tests.support.labfixtures import REPO
 
 USAGE = ("ERROR: the qualification needs the lab's inventory: --hosts HOSTS_YAML (the simulated lab: "
          "pytest qualify --hosts hosts.yaml)")

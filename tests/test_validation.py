@@ -19,6 +19,8 @@ from cache_qualify.stats.sequential import DEFAULT_BOUNDARY
 from cache_qualify.stats.simulate import NOISE, SHAPES, Noise, design_for
 from cache_qualify.stats.validation import Cell, CellResult, cells, fixed_trials_at_power, power_tolerance, run_cell
 
+pytestmark = pytest.mark.slow   # every test here simulates hundreds of qualifications
+
 RUNS = 300
 ALL = list(cells())
 

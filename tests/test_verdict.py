@@ -276,6 +276,7 @@ def test_reread_4g_kv_pages_that_show_nothing_either_way_are_inconclusive_not_fa
 
 # --- the rule: a gain is tested against min_effect ------------------------------------------------
 
+@pytest.mark.slow
 def test_a_true_improvement_exactly_at_min_effect_passes_at_most_alpha_of_the_time() -> None:
     gain = Assertion("hit_rate", "B-new-start", "gain", True, min_effect=0.01)
     rng = np.random.default_rng(11)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.labfixtures import (REPO, inventory_port, run_qualify, small_scenario_option, wait_no_sim_processes,
-                               write_inventory)
+from tests.support.labfixtures import (REPO, inventory_port, run_qualify, small_scenario_option, wait_no_sim_processes,
+                                       write_inventory)
 
 pytestmark = pytest.mark.slow
 

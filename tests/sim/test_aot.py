@@ -66,9 +66,8 @@ def test_the_compiled_kernel_lets_other_threads_run(built: tuple[Path, ...]) -> 
     done = threading.Event()
 
     def tick() -> None:
-        while not done.is_set():
+        while not done.wait(0.001):   # waiting releases the GIL, as the sleep of a real thread would
             ticks[0] += 1
-            time.sleep(0.001)
 
     ticker = threading.Thread(target=tick)
     ticker.start()
@@ -79,8 +78,10 @@ def test_the_compiled_kernel_lets_other_threads_run(built: tuple[Path, ...]) -> 
     took_s = time.perf_counter() - started
     done.set()
     ticker.join()
-    assert took_s > 0.05
-    assert ticks[0] - before >= 10, f"the other thread ticked {ticks[0] - before} times in {took_s:.2f} s"
+    assert took_s > 0.05, f"the replay took {took_s:.3f} s: too short to tell"
+    # a kernel that held the GIL would let the ticker tick at most once (as the call begins or ends),
+    # however long it ran; three ticks need the GIL released, and a loaded machine still gives them
+    assert ticks[0] - before >= 3, f"the other thread ticked {ticks[0] - before} times in {took_s:.2f} s"
 
 
 def test_a_missing_module_falls_back_to_the_jitted_kernel(tmp_path: Path) -> None:

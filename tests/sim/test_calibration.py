@@ -19,7 +19,7 @@ from cache_qualify.config.scenario import find_scenario, load_scenario
 from cache_qualify.sim.calibration import measure
 from cache_qualify.sim.noise import PROFILES, draw_start
 from cache_qualify.trials.seeds import start_seed
-from tests.labfixtures import REPO, inventory_port, wait_no_sim_processes, write_inventory
+from tests.support.labfixtures import REPO, inventory_port, wait_no_sim_processes, write_inventory
 
 STARTS = 6   # per build in the drift test
 LOWERED = ["--sim-policy", "set4", "--host-system-share", "40"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import cache_qualify.trials.data
 
@@ -39,6 +40,7 @@ def test_tokens_look_like_text_not_noise() -> None:
     assert np.unique(bigrams).size < 0.7 * bigrams.size
 
 
+@pytest.mark.slow
 def test_study_sequence_reads_the_reports_regime() -> None:
     """2.2 to 3.0 M distinct rows over both tables, 60 to 80 % of the 1 GiB cache's slots."""
     gathers = sequence_gathers(study_sequence(default_corpus()))

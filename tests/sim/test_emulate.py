@@ -40,6 +40,7 @@ def rate(run: dict[str, object], request: str) -> float:
     return float(requests[request]["hit_rate"])
 
 
+@pytest.mark.slow
 def test_default_sequence_at_1_gib_lands_in_the_reports_regime(
         default_runs: dict[str, dict[str, Any]]) -> None:
     assert list(default_runs) == list(POLICIES)
@@ -59,6 +60,7 @@ def test_default_sequence_at_1_gib_lands_in_the_reports_regime(
     assert 2_200_000 <= int(default_runs["two_choice"]["resident_rows"]) <= 3_000_000
 
 
+@pytest.mark.slow
 def test_table_is_shaped_like_the_reports() -> None:
     done = cli("emulate", "--policy", "set4", "--policy", "two_choice", "--cache-size", "4G")
     assert done.returncode == 0, done.stderr
@@ -71,6 +73,7 @@ def test_table_is_shaped_like_the_reports() -> None:
     assert float(b_new[2].strip(" %")) > 99.0  # 4 GiB: the RowCache study's 99.81 %
 
 
+@pytest.mark.slow
 def test_trace_replay_matches_the_reference(tmp_path: Path) -> None:
     trace = np.random.default_rng(3).integers(0, 3000, 20_000).astype(np.uint64)
     np.save(tmp_path / "trace.npy", trace)
@@ -88,6 +91,7 @@ def test_trace_replay_matches_the_reference(tmp_path: Path) -> None:
         assert {k: run[k] for k in expected} == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "message"), [
     (["--policy", "set4,fifo"], r"argument --policy: --policy must be among set4, set8, set16, two_choice, lru4, found fifo"),
     (["--cache-size", "1Q"], r"argument --cache-size: size must be a number with an optional unit"),
@@ -100,6 +104,7 @@ def test_bad_options_name_the_option(args: list[str], message: str) -> None:
     assert re.search(message, done.stderr), done.stderr
 
 
+@pytest.mark.slow
 def test_unreadable_trace_is_a_clear_error(tmp_path: Path) -> None:
     np.save(tmp_path / "floats.npy", np.zeros(4))
     done = cli("emulate", "--trace", str(tmp_path / "floats.npy"))
@@ -108,6 +113,7 @@ def test_unreadable_trace_is_a_clear_error(tmp_path: Path) -> None:
         in done.stderr
 
 
+@pytest.mark.slow
 def test_replay_per_request_deltas_add_up() -> None:
     corpus = np.random.default_rng(0).integers(3, 5000, 130_000).astype(np.uint32)
     requests = study_sequence(corpus)
@@ -120,6 +126,7 @@ def test_replay_per_request_deltas_add_up() -> None:
     assert isinstance(RowCache("set4", 64, seed=0).counters().hit_rate, float)
 
 
+@pytest.mark.slow
 def test_bench_reports_lookups_per_second_and_the_reference_ratio() -> None:
     """Well-formed figures only: speed is judged by running the benchmark, not by a test."""
     done = cli("bench-emulator", "--policy", "set4,two_choice", "--reference-lookups", "20000",
@@ -139,6 +146,7 @@ def test_bench_reports_lookups_per_second_and_the_reference_ratio() -> None:
     assert report["sequence_seconds"] > 0
 
 
+@pytest.mark.slow
 def test_bench_prints_a_table_of_policy_rate_and_ratio() -> None:
     done = cli("bench-emulator", "--policy", "lru4", "--reference-lookups", "5000",
                "--repeat", "1")

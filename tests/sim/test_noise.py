@@ -114,7 +114,7 @@ def test_noise_flags_pick_a_profile_and_override_its_parameters() -> None:
 ])
 def test_a_bad_noise_flag_is_refused_naming_it(flags: list[str], message: str,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
+    with pytest.raises(SystemExit, match=r"^2$") as exc:   # argparse's usage error
         parse_args(["--rank", "0", "--port", "1", *flags])
     assert exc.value.code == 2
     assert re.search(message, capsys.readouterr().err)

@@ -125,6 +125,7 @@ def test_set8_capacity_is_whole_sets() -> None:
 gathers = st.lists(st.lists(st.integers(0, 300), max_size=60), min_size=1, max_size=25)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ahead_of_time", [False, True], ids=["jitted", "compiled-ahead-when-built"])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policy=st.sampled_from(POLICIES), sets=st.integers(1, 12), seed=st.integers(0, 2**32),
@@ -163,6 +164,7 @@ def test_saturated_counters_and_halving_agree_on_a_long_trace() -> None:
     assert caches[0].counters().lookups > 5 * 900
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policy=st.sampled_from(POLICIES), sets=st.integers(1, 12), seed=st.integers(0, 2**32),
        sketch_bytes=st.integers(4, 256), halve_after=st.sampled_from([None, 0, 1, 7, 50]),

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cache_qualify.trials.corpus import default_corpus
 from cache_qualify.sim.server import parse_args
 from cache_qualify.trials.workload import Request, study_sequence
+from tests.support.waiting import wait_for
 
 HOSTS = ("127.0.0.11", "127.0.0.12", "127.0.0.13")
 LOWERED_RESERVE = ["--host-system-share", "40"]
@@ -64,19 +65,16 @@ class Group:
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> float:
         """Seconds until rank 0's /health says 200; fails with the logs if a rank exits first."""
-        started = time.monotonic()
-        while time.monotonic() - started < timeout:
+        def ready() -> bool:
             for r, proc in enumerate(self.procs):
-                if proc.poll() is not None:
-                    pytest.fail(f"rank {r} exited with {proc.returncode} before the group was ready:\n"
-                                + self.log(r))
-            try:
-                if self.client.get(self.url(0, "/health")).status_code == 200:
-                    return time.monotonic() - started
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        pytest.fail("the group did not become ready:\n" + "\n".join(self.log(r) for r in range(len(self.procs))))
+                assert proc.poll() is None, (f"rank {r} exited with {proc.returncode} before the group was ready:\n"
+                                             + self.log(r))
+            return self.client.get(self.url(0, "/health")).status_code == 200
+
+        started = time.monotonic()
+        wait_for(ready, timeout, "the group ready (rank 0's /health 200)", ignoring=(httpx.TransportError,),
+                 detail=lambda: "\n".join(self.log(r) for r in range(len(self.procs))))
+        return time.monotonic() - started
 
     def wait_exit(self, rank: int, timeout: float = 20.0) -> int:
         return self.procs[rank].wait(timeout)
@@ -173,6 +171,7 @@ CAPACITY, RESIDENT = "flare_engram_row_cache_capacity_rows", "flare_engram_row_c
 
 # -- the RowCache study's sequence -------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_three_ranks_answer_the_five_requests_and_every_rank_counts(
         report_group: Group, sequence: list[Request]) -> None:
     g = report_group
@@ -212,6 +211,7 @@ def test_three_ranks_answer_the_five_requests_and_every_rank_counts(
     assert 0.7 < hit_rates["B-new-start"] < 0.97
 
 
+@pytest.mark.slow
 def test_a_second_start_of_a_seed_reads_its_replays_back_and_exports_the_same_counters(
         group: Any, sequence: list[Request], tmp_path: Path) -> None:
     """The replay memo (cache_qualify.sim.memo) end to end: same seed, same requests, same counters
@@ -265,6 +265,7 @@ def test_bad_requests_get_400_with_the_field_named(report_group: Group) -> None:
     assert g.client.get(g.url(0, "/nowhere")).status_code == 404
 
 
+@pytest.mark.slow
 def test_no_prefix_cache_without_prefix_cache_memory(report_group: Group) -> None:
     """The RowCache study ran with --prefix-cache-memory 0: even an exact repeat reads its rows again."""
     prompt = np.arange(2000, 2300)
@@ -272,6 +273,7 @@ def test_no_prefix_cache_without_prefix_cache_memory(report_group: Group) -> Non
     assert report_group.complete(prompt).json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
+@pytest.mark.slow
 def test_decode_tokens_logprobs_and_a_real_prefix_cache(group: Any) -> None:
     g = group(flags=["--embedding-table-cache-size", "1G", "--prefix-cache-memory", "1G", *LOWERED_RESERVE])
     g.wait_ready()
@@ -288,6 +290,7 @@ def test_decode_tokens_logprobs_and_a_real_prefix_cache(group: Any) -> None:
 
 # -- capacity and memory ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_4g_reads_its_capacity_on_every_rank_and_exports_refused_inserts(group: Any) -> None:
     g = group(flags=["--embedding-table-cache-size", "4G", *LOWERED_RESERVE, "--sim-export-refused"])
     g.wait_ready()
@@ -300,6 +303,7 @@ def test_4g_reads_its_capacity_on_every_rank_and_exports_refused_inserts(group: 
     assert all("stopping (signal)" in g.log(r) for r in range(3))
 
 
+@pytest.mark.slow
 def test_4g_under_the_default_reserve_fails_on_every_rank_with_its_error(group: Any) -> None:
     g = group(flags=["--embedding-table-cache-size", "4G", "--host-system-share", "20"])
     for r in range(3):
@@ -324,13 +328,12 @@ def test_refused_inserts_are_misses_minus_inserts_minus_evictions(group: Any,
 
 # -- faults ----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_exit_at_start_ends_that_rank_and_rank_0_never_gets_ready(group: Any) -> None:
     g = group(flags=["--sim-fault", "exit-at-start", "--sim-fault-rank", "2"])
     assert g.wait_exit(2) == 1
     assert "rank 2: error: simulated startup failure (--sim-fault exit-at-start)" in g.log(2)
-    deadline = time.monotonic() + 20
-    while "joined rank 0" not in g.log(1) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: "joined rank 0" in g.log(1), 60, "rank 1 joined rank 0", detail=lambda: g.log(1))
     reply = g.client.get(g.url(0, "/health"))
     assert reply.status_code == 503 and reply.json()["waiting_for"] == [2]
     assert g.client.get(g.url(1, "/health")).status_code == 200
@@ -351,7 +354,7 @@ def test_crash_on_request_loses_the_rank_and_rank_0_stops(group: Any) -> None:
 def test_hang_on_request_never_answers_but_keeps_serving_metrics(group: Any) -> None:
     g = group(tp=2, flags=["--sim-fault", "hang-on-request:1", "--sim-fault-rank", "1"])
     g.wait_ready()
-    with pytest.raises(httpx.ReadTimeout):
+    with pytest.raises(httpx.ReadTimeout, match="timed out"):
         g.client.post(g.url(0, "/v1/completions"), json={"prompt": [5, 6, 7]}, timeout=1.0)
     assert "simulated hang on request 1" in g.log(1)
     assert g.client.get(g.url(1, "/metrics")).status_code == 200
@@ -439,7 +442,7 @@ def test_bad_flags_exit_2_with_the_reason() -> None:
     (["--rank", "0", "--port", "0", "--tensor-parallel-size", "2"], "rank 0 needs a fixed --port"),
 ])
 def test_flag_errors_name_the_flag(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
+    with pytest.raises(SystemExit, match=r"^2$") as exc:   # argparse's usage error
         parse_args(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err

@@ -30,6 +30,7 @@ def test_zipf_trace_is_seeded_and_follows_the_law() -> None:
         zipf_trace(10, exponent=0.0)
 
 
+@pytest.mark.slow
 def test_bench_trace_times_both_replays_on_one_trace(tmp_path: Path) -> None:
     """Well-formed figures only (speed is judged by running the benchmark); the saved trace
     replayed by `emulate --trace` gives the hit rate the benchmark measured."""
@@ -52,6 +53,7 @@ def test_bench_trace_times_both_replays_on_one_trace(tmp_path: Path) -> None:
     assert json.loads(emulated.stdout)["hit_rate"] == pytest.approx(results[1]["hit_rate"], abs=1e-12)
 
 
+@pytest.mark.slow
 def test_bench_trace_prints_a_table_and_names_bad_options() -> None:
     done = cli("bench-trace", "--lookups", "20000", "--gather", "16", "--repeat", "1")
     assert done.returncode == 0, done.stderr

@@ -23,6 +23,7 @@ import pytest
 
 from cache_qualify.lab.control import free_port
 from tests.support import llama_build
+from tests.support.waiting import NotInTime, wait_for
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
@@ -73,13 +74,9 @@ class LlamaServer:
     def wait_for_log(self, pattern: re.Pattern[str], timeout_s: float = 5.0) -> str:
         """The log once `pattern` is in it. llama-server writes its log from a thread of its own,
         so a line printed before ``/health`` turned 200 can reach the file a few ms after it."""
-        deadline = time.monotonic() + timeout_s
-        while not pattern.search(log := self.log()):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{pattern.pattern!r} did not appear in {self.log_path} within "
-                                   f"{timeout_s:g} s; the log ends:\n{self.log_tail()}")
-            time.sleep(0.002)
-        return log
+        return wait_for(lambda: self.log() if pattern.search(self.log()) else "", timeout_s,
+                        f"{pattern.pattern!r} in {self.log_path}", every_s=0.002,
+                        detail=lambda: f"the log ends:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return "\n".join(self.log().splitlines()[-lines:])
@@ -107,7 +104,7 @@ def start_llama_server(binary: Path, model: Path, log_path: Path, flags: Sequenc
                        ) -> LlamaServer:
     """Start ``binary -m model --host address --port P *flags`` and wait till ``/health`` is 200.
 
-    Raises :class:`ServerExited` when it exits first, TimeoutError when it is not ready in time.
+    Raises :class:`ServerExited` when it exits first, `NotInTime` when it is not ready in time.
     """
     address = address or _worker_address()
     port = free_port([address])
@@ -116,28 +113,26 @@ def start_llama_server(binary: Path, model: Path, log_path: Path, flags: Sequenc
         started = time.monotonic()
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     server = LlamaServer(address, port, process, log_path)
-    deadline = started + ready_timeout_s
     with httpx.Client(base_url=server.base_url, timeout=5.0) as client:
-        while True:
+        def healthy() -> bool:
             status = process.poll()
             if status is not None:
                 raise ServerExited(f"llama-server exited with status {status} before it was ready; "
                                    f"its log ends:\n{server.log_tail()}", status=status, log=server.log())
-            try:
-                answer = client.get("/health")
-            except httpx.TransportError:
-                pass   # not listening yet
-            else:
-                if not server.health or server.health[-1] != (answer.status_code, answer.text):
-                    server.health.append((answer.status_code, answer.text))
-                if answer.status_code == 200:
-                    server.start_s = time.monotonic() - started
-                    return server
-            if time.monotonic() > deadline:
-                server.stop()
-                raise TimeoutError(f"llama-server was not ready within {ready_timeout_s:g} s; its log "
-                                   f"ends:\n{server.log_tail()}")
-            time.sleep(0.005)
+            answer = client.get("/health")   # a TransportError while it is not listening yet
+            if not server.health or server.health[-1] != (answer.status_code, answer.text):
+                server.health.append((answer.status_code, answer.text))
+            return answer.status_code == 200
+
+        try:
+            wait_for(healthy, started + ready_timeout_s - time.monotonic(), "llama-server ready (/health 200)",
+                     every_s=0.005, ignoring=(httpx.TransportError,),
+                     detail=lambda: f"its log ends:\n{server.log_tail()}")
+        except NotInTime:
+            server.stop()
+            raise
+    server.start_s = time.monotonic() - started
+    return server
 
 
 @contextmanager

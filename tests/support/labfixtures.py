@@ -10,12 +10,12 @@ the process table.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,8 +25,9 @@ from typing import Any
 import yaml
 
 from cache_qualify.lab import control as lab
+from tests.support.waiting import NotInTime, wait_for
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SIM_ADDRESSES = ("127.0.0.11", "127.0.0.12", "127.0.0.13")
 
 
@@ -144,10 +145,9 @@ def sim_processes(port: int | None = None) -> list[tuple[int, str]]:
 
 def wait_no_sim_processes(port: int, timeout_s: float = 10.0) -> list[tuple[int, str]]:
     """Wait until no rank on `port` is left; return what is still there after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while (left := sim_processes(port)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
+    with contextlib.suppress(NotInTime):
+        wait_for(lambda: not sim_processes(port), timeout_s, f"no rank left on port {port}", every_s=0.1)
+    return sim_processes(port)
 
 
 def inventory_port(path: Path) -> int:

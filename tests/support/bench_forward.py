@@ -1,4 +1,4 @@
-"""`python -m tests.bench_forward [bench-harness options]`: what the forwarded HTTP route costs.
+"""`python -m tests.support.bench_forward [bench-harness options]`: what the forwarded HTTP route costs.
 
 Starts a jump host's sshd and three hosts' sshd instances on loopback addresses
 (root and openssh-server needed, as for the SSH tests), writes an inventory of
@@ -14,8 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.labfixtures import REPO, write_inventory
-from tests.sshd import SshdInstance, SshdLab
+from tests.support.labfixtures import REPO, write_inventory
+from tests.support.sshd import SshdInstance, SshdLab
 
 
 def forwarded_lab(lab: SshdLab, folder: Path) -> tuple[Path, list[SshdInstance]]:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import csv
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.labfixtures import QualifyRun, inventory_port, run_qualify, sim_processes
+from tests.support.labfixtures import QualifyRun, inventory_port, run_qualify, sim_processes
+from tests.support.waiting import wait_for
 
 SCENARIO = "faults"
 REQUESTS = ("A", "A-new-start", "B", "C")
@@ -139,10 +139,11 @@ def check_samples(run_dir: Path, hosts: tuple[str, ...], *, faulty_done: tuple[s
 
 def check_aftermath(lab: SimRun, *, left: tuple[int, ...] = ()) -> None:
     """No rank of this lab runs (but the `left` pids, not this suite's to stop) and every host lock is free."""
-    deadline = time.monotonic() + 20
-    while (running := [p for p in sim_processes(lab.port) if p[0] not in left]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert running == [], f"emulated-server ranks left running: {running}"
+    def running() -> list[tuple[int, str]]:
+        return [p for p in sim_processes(lab.port) if p[0] not in left]
+
+    wait_for(lambda: not running(), 60, "no emulated-server rank left running", every_s=0.1,
+             detail=lambda: f"still running: {running()}")
     for host in lab.hosts:
         lock = lab.on_hosts / host / "lock"
         if not lock.exists():

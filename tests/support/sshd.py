@@ -16,13 +16,13 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from cache_qualify import cachedir
 from cache_qualify.lab.transport.ssh import JumpHost, SshOptions
+from tests.support.waiting import NotInTime, wait_for
 
 SSHD = Path("/usr/sbin/sshd")
 INSTALL_HINT = ("OpenSSH's sshd is needed by the SSH tests and was not found at {sshd}; "
@@ -147,17 +147,20 @@ class SshdInstance:
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen([*self.prefix, str(SSHD), "-D", "-e", "-f", str(config)],
                                              stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-        deadline = time.monotonic() + _READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
+        process = self._process
+
+        def listening() -> bool:
+            if process.poll() is not None:
                 raise SshdUnavailable(f"sshd {self.name} on {self.address}:{self.port} exited "
                                       f"at startup:\n{self.log_path.read_text()[-2000:]}")
-            if self._listening(logged):
-                return
-            time.sleep(0.02)
-        self.stop()
-        raise SshdUnavailable(f"sshd {self.name} did not listen on {self.address}:{self.port} "
-                              f"within {_READY_TIMEOUT_S} s")
+            return self._listening(logged)
+
+        try:
+            wait_for(listening, _READY_TIMEOUT_S, f"sshd {self.name} listening on {self.address}:{self.port}",
+                     every_s=0.02)
+        except NotInTime as exc:
+            self.stop()
+            raise SshdUnavailable(str(exc)) from exc
 
     def _listening(self, logged: int) -> bool:
         """True once sshd accepts connections: probed here, or (run elsewhere) read from its log."""

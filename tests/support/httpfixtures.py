@@ -61,6 +61,22 @@ def json_reply(document: Any, *, status: int = 200, delay_s: float = 0.0) -> Rep
 Responder = Reply | Callable[[Request], Reply]
 
 
+def together(reply: Reply, parties: int, timeout_s: float = 20.0) -> Callable[[Request], Reply]:
+    """A responder (for one or several servers) that answers only once `parties` requests are
+    waiting for it at the same time: the behaviour "they were sent at once", checked without a
+    clock. A client that sends them one after the other gets, after `timeout_s`, a 500 saying so."""
+    barrier = threading.Barrier(parties, timeout=timeout_s)
+
+    def respond(request: Request) -> Reply:
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            return Reply(status=500, body=f"fewer than {parties} requests were waiting at once\n")
+        return reply
+
+    return respond
+
+
 @dataclass
 class _Routes:
     replies: dict[str, Responder] = field(default_factory=dict)

@@ -14,7 +14,7 @@ as the gate does. It measures what the tournament promises:
 * screening mode (``--tournament``): the family-wise false-recommendation rate
   with three candidates identical to the baseline, against the same bound.
 
-``python -m tests.tournament_sim`` prints the figures quoted in
+``python -m tests.support.tournament_sim`` prints the figures quoted in
 docs/statistics.md; tests/test_manytoone.py checks quick versions.
 """
 
@@ -177,7 +177,7 @@ def _design(looks: Sequence[int]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.tournament_sim", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.support.tournament_sim", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--alpha", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=1)

@@ -5,7 +5,7 @@ lab's noise model (hit rate 0.860 with sd 0.001 between
 starts, every start independent; four starts per run, the default scenario's
 trials per build). Without a change, 30 runs; with one, 20 runs and then the
 mean moved by 2 sd, seen after one, two and three further runs. Run
-``python -m tests.history_sim`` to print the figures quoted in docs/history.md;
+``python -m tests.support.history_sim`` to print the figures quoted in docs/history.md;
 tests/test_history.py checks a quick version. Also here: run folders written
 with the suite's own writers from such a series, and a lab's history of
 qualifications (two builds, their refs, a bad start, a second runtime) for the

@@ -1,0 +1,77 @@
+"""The suite's own rules, kept by reading its source: every `pytest.raises` checks the message
+(`match=`), a test that polls uses `tests.support.waiting.wait_for` (no hand-written deadline
+loop), a rerun says why, helpers live in tests/support/, and the `slow` marker that splits the
+quick tier from the whole suite is registered and enforced."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+from tests.support.labfixtures import REPO
+
+TESTS = REPO / "tests"
+WAITING = TESTS / "support" / "waiting.py"   # the one place that polls against a deadline
+CLOCKS = {"time.monotonic", "time.time", "time.perf_counter"}
+
+
+def sources() -> dict[Path, ast.Module]:
+    return {path: ast.parse(path.read_text(encoding="utf-8"), str(path)) for path in sorted(TESTS.rglob("*.py"))}
+
+
+def where(path: Path, node: ast.AST) -> str:
+    return f"{path.relative_to(REPO)}:{getattr(node, 'lineno', 0)}"
+
+
+def called(node: ast.AST) -> set[str]:
+    """The dotted names `node` calls anywhere inside it (`time.sleep`, `pytest.raises`)."""
+    return {ast.unparse(n.func) for n in ast.walk(node) if isinstance(n, ast.Call)}
+
+
+def marker_calls(tree: ast.Module, name: str) -> list[ast.Call]:
+    """Every `pytest.mark.<name>(...)` in `tree`."""
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == f"pytest.mark.{name}"]
+
+
+def test_every_pytest_raises_has_a_match() -> None:
+    bare = [where(path, node) for path, tree in sources().items() for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in {"pytest.raises", "raises"}
+            and not any(keyword.arg == "match" for keyword in node.keywords)]
+    assert bare == [], f"pytest.raises without match= (check the message, not only the class): {bare}"
+
+
+def test_no_hand_written_deadline_loop() -> None:
+    """A loop that sleeps, or whose condition reads a clock, is a poll: `wait_for` does it."""
+    loops = []
+    for path, tree in sources().items():
+        if path == WAITING:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.While | ast.For):
+                head = node.test if isinstance(node, ast.While) else node.iter
+                if "time.sleep" in called(node) or CLOCKS & called(head):
+                    loops.append(where(path, node))
+            elif isinstance(node, ast.Name) and node.id == "deadline" and isinstance(node.ctx, ast.Store):
+                loops.append(where(path, node))
+    assert loops == [], f"poll with tests.support.waiting.wait_for, not a loop of its own: {loops}"
+
+
+def test_a_rerun_says_why() -> None:
+    silent = [where(path, call) for path, tree in sources().items() for call in marker_calls(tree, "flaky")
+              if not any(keyword.arg == "reason" for keyword in call.keywords)]
+    assert silent == [], f"@pytest.mark.flaky without reason=: {silent}"
+
+
+def test_helpers_live_in_support() -> None:
+    """tests/ (and tests/sim/) hold test modules only; what they share is in tests/support/."""
+    others = sorted(str(path.relative_to(REPO)) for path in sources()
+                    if path.parent != TESTS / "support" and not path.name.startswith("test_")
+                    and path.name not in {"__init__.py", "conftest.py"})
+    assert others == [], f"helpers outside tests/support/: {others}"
+
+
+def test_the_slow_marker_is_registered_and_strict() -> None:
+    options = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "--strict-markers" in options["addopts"].split(), options.get("addopts")
+    assert any(marker.startswith("slow:") for marker in options["markers"]), options["markers"]
