@@ -49,7 +49,9 @@ def test_base_scenario_defaults(tmp_path: Path) -> None:
     assert scenario.first_reads() == ["A", "B"]
     assert scenario.expectations[2].request == "*"
     assert (scenario.prefix_reuse, scenario.max_invalid_trials) == ("forbid", 2)
-    assert [a.higher_is_better for a in assertions_for(scenario)] == [True, True, True]
+    # the scenario's three expectations, then the bad-start check (fewer bad starts are better)
+    assert [(a.kind, a.higher_is_better) for a in assertions_for(scenario)] == [
+        ("gain", True), ("no_regression", True), ("no_regression", True), ("no_excess", False)]
 
 
 MALFORMED: list[tuple[str, str, str, str, int | None]] = [

@@ -27,6 +27,7 @@ from tests.support.waiting import NotInTime, wait_for
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
+HANDLERS_SET = re.compile(r"llama_server: listening on ")
 LOG_TAIL_LINES = 20
 OWN_BINARY = "CACHE_QUALIFY_LLAMA_SERVER"
 
@@ -128,6 +129,9 @@ def start_llama_server(binary: Path, model: Path, log_path: Path, flags: Sequenc
             wait_for(healthy, started + ready_timeout_s - time.monotonic(), "llama-server ready (/health 200)",
                      every_s=0.005, ignoring=(httpx.TransportError,),
                      detail=lambda: f"its log ends:\n{server.log_tail()}")
+            # /health turns 200 a moment before the server installs its SIGTERM handler; it logs
+            # "listening on" after it, so a stop from then on is the server's own clean exit
+            server.wait_for_log(HANDLERS_SET, timeout_s=max(5.0, started + ready_timeout_s - time.monotonic()))
         except NotInTime:
             server.stop()
             raise
