@@ -81,6 +81,7 @@ def test_the_verdict_names_the_history_and_decides_after_two_blocks() -> None:
 RUNS = 240    # per cell: the binomial bound of alpha 0.01 is 6 passes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case, used", [(hv.Case(1.0), 0.8), (hv.Case(2.0), 0.1)], ids=["right SD", "2 x SD"])
 def test_aa_with_a_history_stays_within_the_binomial_bound_of_alpha(case: hv.Case, used: float) -> None:
     """With the history's SD right (or larger), the gate's A/A false-pass rate stays within the 99 %
@@ -91,6 +92,7 @@ def test_aa_with_a_history_stays_within_the_binomial_bound_of_alpha(case: hv.Cas
     assert result.used > used
 
 
+@pytest.mark.slow
 def test_a_history_too_small_by_half_is_where_the_check_cannot_protect_the_level() -> None:
     """The documented limit: a history whose SD is half the truth, with no change inside it, passes A/A
     runs more often than alpha (the F test of 1 to 3 df detects it in a minority of the early looks)."""
@@ -99,6 +101,7 @@ def test_a_history_too_small_by_half_is_where_the_check_cannot_protect_the_level
     assert result.worst_gain > _bound(RUNS, 0.01)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("effect, most", [(2.0, 0.95), (3.0, 0.8)])
 def test_the_history_saves_starts_at_the_planned_power(effect: float, most: float) -> None:
     """Both gains better by 2 and 3 SD: the design with the history (right SD) keeps the current-only

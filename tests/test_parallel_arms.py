@@ -144,6 +144,7 @@ def _aa_runs(runs: int, *, crossed: bool, seed: int) -> list[list[Verdict]]:
     return out
 
 
+@pytest.mark.slow
 def test_aa_false_pass_rate_is_within_the_binomial_bound_when_one_group_is_slower() -> None:
     """Seeded: a slower group never buys a build a pass when the arms cross over (each wait gain,
     tested at its null of no improvement, the hardest A/A case, passes at most at alpha's binomial bound);

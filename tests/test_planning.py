@@ -143,6 +143,7 @@ def test_plan_from_the_emulators_prediction_sizes_every_assertion_or_names_it_un
         assert sizings[key]["note"].startswith(f"the emulator predicts no {key[0]}: give --history URL")
 
 
+@pytest.mark.slow
 def test_plan_emulate_sizes_at_the_scenarios_alpha_and_says_what_it_did_not_size(
         capsys: pytest.CaptureFixture[str]) -> None:
     """Without --alpha the scenario's 0.01; the header counts the gains it sized, and the recommendation
