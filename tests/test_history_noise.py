@@ -10,8 +10,8 @@ import pytest
 
 from cache_qualify.stats import history_validation as hv
 from cache_qualify.stats.history_noise import CHECK_LEVEL, EarlierRun, build_noise, pooled, prior
-from cache_qualify.stats.robustness import SHIPPED, _bound
-from cache_qualify.stats.simulate import design_for
+from cache_qualify.stats.robustness import SHIPPED
+from cache_qualify.stats.simulate import binomial_bound, design_for
 from cache_qualify.stats.verdict import Assertion, Trials, evaluate
 
 
@@ -88,7 +88,7 @@ def test_aa_with_a_history_stays_within_the_binomial_bound_of_alpha(case: hv.Cas
     binomial bound of alpha, in the design that looks after 2 blocks, and the rule does use the history
     (a history twice too noisy disagrees with the run more often: the run's own spread then decides)."""
     result = hv.run_cell("two-gain", 0.0, hv.history_looks(SHIPPED), alpha=0.01, case=case, runs=RUNS, seed=11)
-    assert result.worst_gain <= _bound(RUNS, 0.01)
+    assert result.worst_gain <= binomial_bound(RUNS, 0.01)
     assert result.used > used
 
 
@@ -98,7 +98,7 @@ def test_a_history_too_small_by_half_is_where_the_check_cannot_protect_the_level
     runs more often than alpha (the F test of 1 to 3 df detects it in a minority of the early looks)."""
     result = hv.run_cell("two-gain", 0.0, hv.history_looks(SHIPPED), alpha=0.01, case=hv.Case(0.5), runs=RUNS,
                          seed=12)
-    assert result.worst_gain > _bound(RUNS, 0.01)
+    assert result.worst_gain > binomial_bound(RUNS, 0.01)
 
 
 @pytest.mark.slow
