@@ -35,6 +35,11 @@ EXAMPLE_BINARY = "/opt/llama.cpp/build/bin/llama-server"
 # the test machine's page cache is shared by every test running beside these: the drop is run and
 # checked before every start, and leaves the cache alone (the default drop is tested on its own)
 NO_DROP = "echo 'test lab: page cache left in place'"
+# a pass that must hold on a loaded 2-core machine: one slow start of the real server there (its
+# prompt time a second or more above the others) is honest data, and widened the prompt-time gain's
+# spread so far that the example's ten blocks left it inconclusive (p 0.0067 against 0.0045); up
+# to sixteen let such a run decide, and cost nothing when none is slow (they stop at four)
+ROOM_TO_DECIDE = ("--max-trials", "16")
 
 Inventory = Callable[..., Path]
 
@@ -107,7 +112,7 @@ def samples_of(run: QualifyRun, metric: str, build: str) -> list[float]:
 
 
 def test_a_host_memory_prompt_cache_passes_on_exact_re_sends(inventory: Inventory, tmp_path: Path) -> None:
-    run = qualify(inventory(), tmp_path, RESEND)
+    run = qualify(inventory(), tmp_path, RESEND, *ROOM_TO_DECIDE)
     assert run.returncode == 0, run.output
     seen = outcomes(run)
     for gain in ("hit_rate-gain[A-again]", "hit_rate-gain[B-again]", "prompt_time_s-gain[A-again]",
@@ -127,7 +132,8 @@ def test_a_host_memory_prompt_cache_passes_on_exact_re_sends(inventory: Inventor
 
 def test_reuse_by_kv_shifting_passes_on_re_reads_that_drop_their_first_tokens(inventory: Inventory,
                                                                              tmp_path: Path) -> None:
-    run = qualify(inventory(), tmp_path, SHIFTED, "--baseline", "one-slot", "--candidate", "cache-reuse")
+    run = qualify(inventory(), tmp_path, SHIFTED, "--baseline", "one-slot", "--candidate", "cache-reuse",
+                  *ROOM_TO_DECIDE)
     assert run.returncode == 0, run.output
     seen = outcomes(run)
     assert seen["test_row_cache[hit_rate-gain[A-shifted]]"] == "passed"
@@ -189,11 +195,8 @@ def over_ssh(sshd_lab: SshdLab, sshd_host: SshdInstance, inventory: Inventory, t
 
 
 @pytest.mark.sshd
-@pytest.mark.flaky(reruns=1, reason="a real llama-server's prompt time over sshd on a loaded 2-core machine: one "
-                   "slow start (seen once in three clean-clone runs) widens the spread of the waits so that the "
-                   "prompt-time gain stays inconclusive at ten blocks (p 0.0067 against the last look's 0.0045)")
 def test_the_prompt_cache_passes_over_a_real_sshd(over_ssh: Path, tmp_path: Path) -> None:
-    run = qualify(over_ssh, tmp_path, RESEND)
+    run = qualify(over_ssh, tmp_path, RESEND, *ROOM_TO_DECIDE)
     assert run.returncode == 0, run.output
     assert outcomes(run)["test_row_cache[hit_rate-gain[A-again]]"] == "passed"
     plan = json.loads((run.run_dir() / "plan.json").read_text(encoding="utf-8"))
