@@ -112,10 +112,12 @@ Start = dict[str, dict[str, float]]  # one start's values: request -> metric -> 
 
 
 def write_folder(reports: Path, plan: Plan, starts: Mapping[str, Sequence[Start]],
-                 verdicts: Sequence[VerdictRecord] = (), *, summary: bool = False) -> Path:
+                 verdicts: Sequence[VerdictRecord] = (), *, summary: bool = False,
+                 seconds: Mapping[str, float] | None = None) -> Path:
     """A finished run folder of `plan`'s one scenario whose builds' starts measured `starts`, written
     by the suite's own writers, with `verdicts`; `summary`: its summary.md too, as the run's end renders
-    it (without plots)."""
+    it (without plots); `seconds`: each build's start takes that long (else its start and end are one
+    instant)."""
     run_dir = reports / plan.run_id
     runfolder.create(run_dir, plan)
     store = SampleStore(run_dir)
@@ -129,10 +131,12 @@ def write_folder(reports: Path, plan: Plan, starts: Mapping[str, Sequence[Start]
                    "attempt": attempt}
             for request, values in start.items():
                 store.add_samples(key, request, [(ALL, -1, metric, float(v)) for metric, v in values.items()])
-            stamp = (created + timedelta(seconds=trial)).isoformat(timespec="milliseconds")
+            began = created + timedelta(seconds=trial)
+            stamp = began.isoformat(timespec="milliseconds")
+            end = (began + timedelta(seconds=(seconds or {}).get(build, 0.0))).isoformat(timespec="milliseconds")
             pages = int(start.get("startup", {}).get("kv_pages", 41_300))
             store.add_trial(TrialRow(plan.run_id, scenario, build, trial, trial, builds.index(build), attempt, OK,
-                                     "", 1.0, pages, stamp, stamp))
+                                     "", 1.0, pages, stamp, end))
     runfolder.write_verdicts(run_dir, scenario, verdicts)
     run = load_run(run_dir)
     runfolder.write_outcome(run_dir, run.decision)
