@@ -137,6 +137,9 @@ def test_plan_prints_the_starts_and_lab_time_four_ways(tmp_path: Path, capsys: p
     assert designs["parallel"]["looks"] == designs["current"]["looks"] == designs["both"]["looks"]
     assert designs["both"]["mean_trials"] == designs["parallel"]["mean_trials"]
     assert "pools no history" in designs["both"]["note"]
+    short, today = designs["history"]["maximum"], designs["current"]["maximum"]
+    assert short < today and f"may stop inconclusive at {short}: --max-trials {today} keeps today's power" \
+        in designs["history"]["note"]
     timing = plan["start_time"]
     assert timing["baseline"] == pytest.approx(300.0) and timing["candidate"] == pytest.approx(290.0)
     assert "20 recorded start(s) of set4" in timing["source"]
