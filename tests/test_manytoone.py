@@ -12,7 +12,7 @@ from scipy import optimize, stats
 from cache_qualify.errors import PlanError
 from cache_qualify.stats.manytoone import (CANNOT_PASS, MORE_TRIALS, Standing, Tournament, boundary_for, lab_time,
                                            ranked, recommended, screening_level, tournament_starts)
-from cache_qualify.stats.sequential import DEFAULT_BOUNDARY, plan_looks
+from cache_qualify.stats.sequential import DEFAULT_BOUNDARY, Boundary, plan_looks
 from cache_qualify.stats.simulate import SHAPES
 from cache_qualify.stats.validation import binomial_bound
 from cache_qualify.stats.verdict import Verdict, carry, evaluate
@@ -215,3 +215,15 @@ def test_fixed_design_saves_a_third_with_three_candidates() -> None:
     lab = sim.shape("reread-1g")
     s = sim.simulate(lab, sim.moderate_effects(lab, 3.0), (8,), runs=40, alpha=ALPHA, mode="gate", seed=51)
     assert (s.starts, s.separate) == (32, 48)
+
+
+def test_the_run_s_spending_shape_reaches_every_look_s_level() -> None:
+    """A scenario's `spending_rho` is the boundary its arms are decided at: the first look's level is the
+    exact t quantile of alpha x (first / maximum)^rho, for one candidate and, screening, over the family."""
+    looks = (3, 4, 5)
+    for rho in (1.0, 3.0):
+        arms = Tournament(["c"], [], alpha=0.05, looks=looks, boundary=Boundary(rho=rho))
+        assert arms.boundary.rho == rho
+        assert arms.boundary.nominal_levels(0.05, looks)[0] == pytest.approx(0.05 * (3 / 5) ** rho)
+    screening = Tournament(["a", "b"], [], alpha=0.05, mode="screening", looks=looks, boundary=Boundary(rho=1.0))
+    assert (screening.boundary.rho, screening.boundary.comparisons) == (1.0, 2)

@@ -48,10 +48,12 @@ def test_plan_from_a_min_effect_runs_as_a_console_script_and_sizes_the_rule_as_i
     sd_d = math.sqrt(2) * 0.001
     assert power_of(0.001, sd_d, n, alpha=0.05, paired=True) >= 0.9 > power_of(0.001, sd_d, n - 1, alpha=0.05,
                                                                                  paired=True)
-    # the sequential design: first look at 0.7 x fixed, maximum a tenth above it (tests/test_sequential.py
-    # checks its power and mean trials against the fixed design's)
-    assert (row["first_look_sequential"], row["max_trials_sequential"]) == sequential_design(n) == \
-        (round(0.7 * n), math.ceil(round(1.1 * n, 9)))
+    # the sequential design chosen for this plan (tests/test_sequential.py checks its power and mean
+    # trials against the fixed design's at power 0.9): its looks, its spending shape, fewer mean trials
+    design = sequential_design(n, 0.001 / 0.001, alpha=0.05)
+    assert (row["first_look_sequential"], row["max_trials_sequential"], row["spending_rho_sequential"]) == \
+        (design.first, design.maximum, design.rho)
+    assert design.first < design.maximum and design.mean_trials < n and design.power >= 0.9
 
 
 def test_a_predicted_effect_below_min_effect_or_a_worse_candidate_is_not_sized_as_a_gain(
@@ -71,7 +73,10 @@ def test_plan_from_a_pilot_uses_the_combined_rows_both_builds_and_the_sd_bound(
     expected = planned_trials(effect, sd_upper(sd, 10.0), alpha=0.05, gains=2)
     assert "all 2 gain(s) pass (1 of them sized here) (each at 94.9%)" in out and f"{SD_CONFIDENCE:.0%} upper confidence limit" in out
     assert f"| hit_rate | B-new-start | gain | {100 * values['set4'].mean():.4g} % |" in out
-    assert expected is not None and f"| {expected} | {', '.join(map(str, sequential_design(expected)))} |" in out
+    assert expected is not None
+    design = sequential_design(expected, effect / sd_upper(sd, 10.0), alpha=0.05, gains=2)
+    shape = f" --spending-rho {design.rho:g}" if design.rho != 2 else ""
+    assert f"| {expected} | --trials {design.first} --max-trials {design.maximum}{shape} |" in out
 
 
 def test_gains_that_move_together_need_less_power_each_and_apart_more() -> None:

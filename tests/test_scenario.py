@@ -107,6 +107,8 @@ MALFORMED: list[tuple[str, str, str, str, int | None]] = [
     ("one-trial", "trials: 4", "trials: 1", r":10: trials: expected a value greater than or equal to 2", 10),
     ("max-trials-below-trials", "trials: 4\n", "trials: 4\nmax_trials: 3\n",
      r"max_trials: expected max_trials >= trials \(4\), found 3", 11),
+    ("spending-rho-zero", "trials: 4\n", "trials: 4\nspending_rho: 0\n",
+     r":11: spending_rho: expected a value greater than 0", 11),
     ("flags-not-strings", "server_flags: [--embedding-table-cache-size, 1G]", "server_flags: [--x, 1]",
      r"server_flags\[1\]: expected a string, found 1", 5),
     ("no-expectations", BASE[BASE.index("expectations:"):], "expectations: []\n",

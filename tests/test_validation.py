@@ -16,7 +16,7 @@ from cache_qualify.cli import main
 from cache_qualify.stats import robustness
 from cache_qualify.stats.savings import known_sd_bound
 from cache_qualify.stats.sequential import DEFAULT_BOUNDARY
-from cache_qualify.stats.simulate import NOISE, SHAPES, Noise, design_for
+from cache_qualify.stats.simulate import NOISE, SHAPES, Noise, design_for, planned_design
 from cache_qualify.stats.validation import Cell, CellResult, cells, fixed_trials_at_power, power_tolerance, run_cell
 
 pytestmark = pytest.mark.slow   # every test here simulates hundreds of qualifications
@@ -84,9 +84,13 @@ def test_fixed_trials_at_power_interpolate_between_the_fixed_designs_that_bracke
 
 def test_designs_are_sized_with_the_lab_s_correlations() -> None:
     """reread-1g's two waits move together (the start factor): its four gains need fewer trials than four
-    independent ones would, and the sequential design starts at 0.7 x fixed and ends a tenth above it."""
-    fixed, looks = design_for(1.5, 0.0, "reread-1g", 0.01)
-    assert fixed < 20 and looks == tuple(range(round(0.7 * fixed), looks[-1] + 1)) and looks[-1] == 21
+    independent ones would; the sequential design chosen for them looks after every trial, from a first look
+    below the fixed trials, and the one at the default spending is among the family too."""
+    fixed, design = planned_design(1.5, 0.0, "reread-1g", 0.01)
+    assert fixed < 20 and design.first < fixed < design.maximum and design.mean_trials < fixed
+    assert design.looks == tuple(range(design.first, design.maximum + 1))
+    default_fixed, looks = design_for(1.5, 0.0, "reread-1g", 0.01)
+    assert default_fixed == fixed and looks[0] < fixed
 
 
 @pytest.mark.parametrize("alpha", [0.01, 0.05])
