@@ -3,15 +3,19 @@ decision with it, measured on seeded simulated qualifications."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
+from cache_qualify.cli import main
 from cache_qualify.stats import history_validation as hv
 from cache_qualify.stats.history_noise import CHECK_LEVEL, EarlierRun, build_noise, pooled, prior
-from cache_qualify.stats.robustness import SHIPPED
-from cache_qualify.stats.simulate import binomial_bound, design_for
+from cache_qualify.stats.lab_time import history_design, simulate
+from cache_qualify.stats.power import POWER
+from cache_qualify.stats.simulate import binomial_bound
 from cache_qualify.stats.verdict import Assertion, Trials, evaluate
 
 
@@ -78,16 +82,24 @@ def test_the_verdict_names_the_history_and_decides_after_two_blocks() -> None:
     assert math.isnan(alone.history_sd) and not alone.history_used
 
 
-RUNS = 240    # per cell: the binomial bound of alpha 0.01 is 6 passes
+RUNS = 240    # per cell: the 99 % binomial bound of alpha 0.01 is 7 passes
+
+
+@functools.cache
+def _aa_looks(effect: float) -> tuple[int, ...]:
+    """The design plan --history sizes for both gains `effect` SDs better: 2..10 for 2 SD, 2..5 for 3 SD."""
+    return hv.designs("two-gain", effect, 0.01).history
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case, used", [(hv.Case(1.0), 0.8), (hv.Case(2.0), 0.1)], ids=["right SD", "2 x SD"])
 def test_aa_with_a_history_stays_within_the_binomial_bound_of_alpha(case: hv.Case, used: float) -> None:
     """With the history's SD right (or larger), the gate's A/A false-pass rate stays within the 99 %
-    binomial bound of alpha, in the design that looks after 2 blocks, and the rule does use the history
-    (a history twice too noisy disagrees with the run more often: the run's own spread then decides)."""
-    result = hv.run_cell("two-gain", 0.0, hv.history_looks(SHIPPED), alpha=0.01, case=case, runs=RUNS, seed=11)
+    binomial bound of alpha in the design plan --history sizes for 2 SD (2 blocks, then one per look up
+    to 10), and the rule does use the history (a history twice too noisy disagrees with the run more
+    often: the run's own spread then decides). In the 3 SD design (2..5) the right SD is at or over the
+    bound (docs/statistics.md): not promised."""
+    result = hv.run_cell("two-gain", 0.0, _aa_looks(2.0), alpha=0.01, case=case, runs=RUNS, seed=11)
     assert result.worst_gain <= binomial_bound(RUNS, 0.01)
     assert result.used > used
 
@@ -95,21 +107,55 @@ def test_aa_with_a_history_stays_within_the_binomial_bound_of_alpha(case: hv.Cas
 @pytest.mark.slow
 def test_a_history_too_small_by_half_is_where_the_check_cannot_protect_the_level() -> None:
     """The documented limit: a history whose SD is half the truth, with no change inside it, passes A/A
-    runs more often than alpha (the F test of 1 to 3 df detects it in a minority of the early looks)."""
-    result = hv.run_cell("two-gain", 0.0, hv.history_looks(SHIPPED), alpha=0.01, case=hv.Case(0.5), runs=RUNS,
-                         seed=12)
+    runs more often than alpha (the F test of 1 to 3 df detects it in a minority of the early looks), most
+    in the shortest design (3 SD: 2..5)."""
+    result = hv.run_cell("two-gain", 0.0, _aa_looks(3.0), alpha=0.01, case=hv.Case(0.5), runs=RUNS, seed=12)
     assert result.worst_gain > binomial_bound(RUNS, 0.01)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("effect, most", [(2.0, 0.95), (3.0, 0.8)])
-def test_the_history_saves_starts_at_the_planned_power(effect: float, most: float) -> None:
-    """Both gains better by 2 and 3 SD: the design with the history (right SD) keeps the current-only
-    design's power (within the simulation's error) and uses fewer trials per build on average (measured
-    with 150 runs: 14 % fewer at 2 SD, 30 % at 3 SD)."""
-    _, looks = design_for(effect, 0.0, "two-gain", 0.01)
-    alone = hv.run_cell("two-gain", effect, looks, alpha=0.01, case=None, runs=150, seed=21)
-    known = hv.run_cell("two-gain", effect, hv.history_looks(looks), alpha=0.01, case=hv.Case(1.0), runs=150,
-                        seed=21)
-    assert known.passed >= alone.passed - 10
-    assert known.mean_trials <= most * alone.mean_trials
+def test_the_history_design_is_plan_historys_own_sizing() -> None:
+    """validate runs the design `plan --history` prints: looks from 2 blocks up to the maximum
+    `lab_time.history_design` sizes for the history's SD, shorter than the current-only design's."""
+    cell = hv.designs("two-gain", 3.0, 0.01)
+    looks, predicted = history_design(hv.truths("two-gain", 3.0), cell.current.looks, alpha=0.01, power=POWER,
+                                      block_size=1, early=True)
+    assert cell.history == looks and looks[0] == 2 and predicted.power >= POWER
+    assert looks[-1] < cell.current.maximum
+    shorter = simulate(hv.truths("two-gain", 3.0), looks[:-1], alpha=0.01, history=True)
+    assert shorter.power < POWER                    # the fewest that reach the planned power
+
+
+SAVING_RUNS = 300
+POWER_FLOOR = stats.binom.ppf(0.01, SAVING_RUNS, POWER) / SAVING_RUNS   # 99 % binomial tolerance of 0.9
+SAVING_ERROR = 0.09       # about 3 standard errors of a saving interpolated from 300 runs per design
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("effect, documented", [(2.0, 0.25), (3.0, 0.39)])
+def test_the_history_saves_starts_at_the_planned_power(effect: float, documented: float) -> None:
+    """Both gains better by `effect` SDs, the history's SD right: the design plan --history sizes reaches
+    the planned power within its binomial tolerance, and at exactly power 0.9 (each design interpolated
+    with its neighbour) it runs the documented share fewer mean trials per build than the current-only
+    design plan prints (docs/statistics.md, within the simulation's error; another seed than the docs')."""
+    cell = hv.designs("two-gain", effect, 0.01)
+    now = hv.at_planned_power("two-gain", effect, cell.current.looks, alpha=0.01, case=None, runs=SAVING_RUNS,
+                              seed=41, boundary=cell.current.boundary)
+    known = hv.at_planned_power("two-gain", effect, cell.history, alpha=0.01, case=hv.RIGHT, runs=SAVING_RUNS,
+                                seed=43)
+    assert known.outcome.power >= POWER_FLOOR
+    assert now.mean is not None and known.mean is not None, (now, known)
+    assert 1 - known.mean / now.mean >= documented - SAVING_ERROR
+
+
+@pytest.mark.slow
+def test_validate_prints_both_history_tables_in_the_plans_designs(capsys: pytest.CaptureFixture[str]) -> None:
+    """`cache-qualify validate --check history history-savings` prints the A/A rows and the savings row of
+    the cell asked for, each naming the designs plan and plan --history print."""
+    assert main(["validate", "--runs", "4", "--alpha", "0.01", "--check", "history", "history-savings",
+                 "--shape", "two-gain", "--effect", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    aa = [line for line in lines if line.startswith("| two-gain | 0.01 | 3 SD | 5..8 rho 1 / 2..5 |")]
+    assert len(aa) == len(hv.CASES)
+    saving = [line for line in lines if line.startswith("| two-gain | 0.01 | 3 SD | 5..8 rho 1 (")]
+    assert len(saving) == 1 and "| 2..5 (" in saving[0]
