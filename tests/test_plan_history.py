@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,8 @@ def plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
 def gate(url: str, plan: dict[str, Any], looks: tuple[int, ...], *, history: bool, runs: int,
          seed: int) -> tuple[int, float]:
     """(runs in which every assertion passed, mean trials per build) of the gate's own decision, look by
-    look, on block differences whose SD is the history's, each assertion's truth as the plan sized it."""
+    look, on block differences whose SD is the history's (the history's own estimate of it drawn afresh for each
+    run, as plan simulates it), each assertion's truth as the plan sized it."""
     scenario = load_scenario(find_scenario("reread-1g"))
     wanted = [a for a in assertions_for(scenario) if a.kind != "no_excess"]
     past = plan_history(url, scenario="reread-1g", lab=None, assertions=wanted, baseline="set4",
@@ -88,12 +90,14 @@ def gate(url: str, plan: dict[str, Any], looks: tuple[int, ...], *, history: boo
             base = s["baseline_mean"] + sd * rng.standard_normal(looks[-1])
             cand = s["baseline_mean"] + sign * s["effect"] + sd * rng.standard_normal(looks[-1])
             samples[a.id] = (base, cand)
+        # the history as the lab could have measured it: its variance drawn afresh, as plan simulates it
+        priors = {i: replace(p, variance=p.variance * rng.chisquare(p.df) / p.df) for i, p in past.priors.items()}
         verdicts = None
         for k, n in enumerate(looks, start=1):
             now = {i: (Trials(tuple(b[:n]), tuple(range(n)), tuple(range(n))),
                        Trials(tuple(c[:n]), tuple(range(n)), tuple(range(n)))) for i, (b, c) in samples.items()}
             verdicts = carry(verdicts, evaluate(wanted, now, alpha=scenario.alpha, look=k, looks=looks,
-                                                priors=past.priors if history else None))
+                                                priors=priors if history else None))
             if decided(verdicts) or k == len(looks):
                 trials.append(n)
                 break
