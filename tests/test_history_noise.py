@@ -111,7 +111,7 @@ def test_aa_with_a_history_stays_within_the_binomial_bound_of_alpha(case: hv.Cas
 def test_a_history_too_small_by_half_is_where_the_check_cannot_protect_the_level() -> None:
     """The documented limit: a history whose SD is half the truth, with no change inside it, passes A/A
     runs more often than alpha (the F test of 1 to 3 df detects it in a minority of the early looks), most
-    in the shortest design (3 SD: 2..5)."""
+    in the shortest design (3 SD: 2..6)."""
     result = hv.run_cell("two-gain", 0.0, _aa_looks(3.0), alpha=0.01, case=hv.Case(0.5), runs=RUNS, seed=12)
     assert result.worst_gain > binomial_bound(RUNS, 0.01)
 
@@ -135,7 +135,7 @@ SAVING_ERROR = 0.09       # about 3 standard errors of a saving interpolated fro
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("effect, documented", [(2.0, 0.25), (3.0, 0.39)])
+@pytest.mark.parametrize("effect, documented", [(2.0, 0.19), (3.0, 0.34)])
 def test_the_history_saves_starts_at_the_planned_power(effect: float, documented: float) -> None:
     """Both gains better by `effect` SDs, the history's SD right: the design plan --history sizes reaches
     the planned power within its binomial tolerance, and at exactly power 0.9 (each design interpolated
@@ -158,7 +158,8 @@ def test_validate_prints_both_history_tables_in_the_plans_designs(capsys: pytest
     assert main(["validate", "--runs", "4", "--alpha", "0.01", "--check", "history", "history-savings",
                  "--shape", "two-gain", "--effect", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    aa = [line for line in lines if line.startswith("| two-gain | 0.01 | 3 SD | 5..8 rho 1 / 2..5 |")]
+    history = f"{_aa_looks(3.0)[0]}..{_aa_looks(3.0)[-1]}"       # 2..6 (docs/statistics.md)
+    aa = [line for line in lines if line.startswith(f"| two-gain | 0.01 | 3 SD | 5..8 rho 1 / {history} |")]
     assert len(aa) == len(hv.CASES)
     saving = [line for line in lines if line.startswith("| two-gain | 0.01 | 3 SD | 5..8 rho 1 (")]
-    assert len(saving) == 1 and "| 2..5 (" in saving[0]
+    assert len(saving) == 1 and f"| {history} (" in saving[0]
