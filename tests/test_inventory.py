@@ -366,7 +366,9 @@ def test_committed_builds_are_accepted_by_the_emulated_server() -> None:
     from cache_qualify.config.scenario import available_scenarios, find_scenario, load_scenario
     from cache_qualify.sim.server import parse_args
 
-    inventory = load_inventory(REPO / "hosts.yaml")
+    committed = load_inventory(REPO / "hosts.yaml")
+    assert committed.server.http_port == 0
+    inventory = committed.with_port(18080)   # as a host group picks one when it is opened
     (group,) = inventory.groups_resolved()
     for scenario_name in available_scenarios():
         scenario = load_scenario(find_scenario(scenario_name))

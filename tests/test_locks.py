@@ -4,6 +4,7 @@ on_release, and a holder that shrugs off hangups and interrupts."""
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from cache_qualify.errors import LockHeld, TransportError
+from cache_qualify.lab import locks
 from cache_qualify.lab.locks import Holder, HostLock
 from cache_qualify.lab.transport import LocalTransport, SshTransport, Transport
 from tests.support.waiting import wait_for
@@ -79,7 +81,7 @@ def test_second_runner_gives_up_naming_the_holder(
         with pytest.raises(LockHeld, match=re.escape(
                 f"host h1: the lock {lock_path} is held by user o'brien $(id) on runner runner-7 "
                 f"(run run-42, pid 4242) since 2026-03-01T12:00:00Z; gave up after waiting "
-                f"0.5 s.")) as info:
+                f"0.5 s (--lock-wait 0.5).")) as info:
             HostLock.acquire(other, path=str(lock_path), holder=Holder.current("run-43"),
                              wait_s=0.5)
         assert time.monotonic() - started >= 0.5
@@ -87,6 +89,30 @@ def test_second_runner_gives_up_naming_the_holder(
     assert not lock.held
     with HostLock.acquire(other, path=str(lock_path), holder=Holder.current("run-43")):
         pass  # free again once released
+
+
+def test_no_wait_names_the_option_that_waits(any_transport: Transport, other: Transport, lock_path: Path) -> None:
+    with HostLock.acquire(any_transport, path=str(lock_path), holder=Holder.current("run-1")):
+        with pytest.raises(LockHeld, match=r"\(run run-1, pid \d+\) since [-\dT:]+Z; gave up at once \(no wait was "
+                                           r"allowed: --lock-wait SECONDS waits for it\)\."):
+            HostLock.acquire(other, path=str(lock_path), holder=Holder.current("run-2"))
+
+
+def test_a_wait_says_whom_it_waits_for_and_how_long_it_has(
+        any_transport: Transport, other: Transport, lock_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(locks, "WAIT_SHOWN_EVERY_S", 0.2)
+    shown: list[str] = []
+    first = HostLock.acquire(any_transport, path=str(lock_path), holder=Holder.current("run-1"))
+    threading.Timer(1.5, first.release).start()
+    with HostLock.acquire(other, path=str(lock_path), holder=Holder.current("run-2"), wait_s=20,
+                          on_wait=shown.append):
+        pass
+    who = rf"user {re.escape(getpass.getuser())} on runner \S+ \(run run-1, pid {os.getpid()}\) since \S+Z"
+    assert re.fullmatch(rf"host h1: waiting up to 20 s \(--lock-wait\) for the lock held by {who}", shown[0]), shown
+    still = [re.fullmatch(rf"host h1: still waiting for the lock held by {who}: (\d+) s of 20 s", line)
+             for line in shown[1:]]
+    assert len(still) >= 3 and all(still), shown
+    assert int(still[-1].group(1)) >= 1   # type: ignore[union-attr]
 
 
 def test_second_runner_waits_for_the_release(

@@ -106,7 +106,7 @@ def test_an_inventory_overrides_its_runtime_and_names_file_line_and_field(tmp_pa
     with pytest.raises(InventoryError, match=rf"hosts\.yaml:{line}: measurements\.prompt_ms\.unit: a response needs "
                                              r"its unit"):
         load_inventory(write_file(tmp_path, bad, "hosts.yaml"))
-    unknown = edited(HOSTS_YAML, "  http_port: 18080\n", "  http_port: 18080\n  runtime: tgi\n")
+    unknown = edited(HOSTS_YAML, "  http_port: 0\n", "  http_port: 0\n  runtime: tgi\n")
     with pytest.raises(InventoryError, match=r"server\.runtime: unknown runtime 'tgi'; shipped profiles: flare, "
                                              r"llama-cpp"):
         load_inventory(write_file(tmp_path, unknown, "hosts.yaml"))
