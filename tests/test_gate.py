@@ -11,11 +11,14 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from cache_qualify.config.scenario import find_scenario, load_scenario
+from cache_qualify.stats.assertions import assertions_for
 from tests.support.labfixtures import (QualifyRun, committed_inventory, inventory_port, run_qualify, wait_no_sim_processes,
                                        write_inventory)
 
@@ -145,6 +148,39 @@ def test_the_same_seed_gives_the_same_samples(default_run: QualifyRun, tmp_path:
     pd.testing.assert_series_equal(first.sort_index(), again.sort_index())
     other = measured(qualify(tmp_path / "other", *short, seed="8"))
     assert not other.sort_index().equals(again.sort_index())   # the seed is what fixes them
+
+
+@ON_THE_DEFAULT_RUN
+def test_plan_samples_of_a_run_sizes_its_own_assertions_at_its_alpha_in_seconds(
+        default_run: QualifyRun, tmp_path: Path) -> None:
+    """`cache-qualify plan --samples RUN` on a 4 + 4 run: the scenario's own assertions (gains against their
+    minimum effects, no-regressions against their margins, KV pages among these), at the scenario's alpha,
+    the four gains sharing the power; in seconds (main took minutes sizing 62 quantities as gains at 0)."""
+    def plan(folder: Path) -> tuple[list[dict[str, object]], float]:
+        began = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "cache_qualify.cli", "plan", "--samples", str(folder), "--json"],
+                              capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout), time.monotonic() - began
+
+    rows, took = plan(default_run.run_dir())
+    assert took < 60, took
+    expected = [(a.metric, a.request, a.kind) for a in assertions_for(load_scenario(find_scenario("reread-1g")))
+                if a.kind != "no_excess"]
+    assert [(r["metric"], r["request"], r["kind"]) for r in rows] == expected
+    by = {(r["metric"], r["request"]): r for r in rows}
+    assert by[("readiness_wait_ns", "B-new-start")]["null"] == pytest.approx(2e8)   # min_effect, not 0
+    kv = by[("kv_pages", "startup")]
+    assert kv["kind"] == "no_regression" and kv["null"] == pytest.approx(-0.02 * kv["baseline_mean"])
+    assert all(r["trials_per_build"] is not None and r["trials_per_build"] <= 12 for r in rows), rows
+    # a run stopped before its first look has no verdicts: its scenario file (as the run recorded it) says the same
+    copy = tmp_path / "run"
+    shutil.copytree(default_run.run_dir(), copy)
+    for decided in copy.glob("verdicts*.json"):
+        decided.unlink()
+    again, _ = plan(copy)
+    assert [(r["metric"], r["request"], r["kind"], r["null"]) for r in again] == \
+        [(r["metric"], r["request"], r["kind"], r["null"]) for r in rows]
 
 
 def test_aa_run_finds_no_gain(tmp_path: Path) -> None:

@@ -21,7 +21,8 @@ from cache_qualify.stats.verdict import power_of
 COLUMNS = ("run", "scenario", "build", "trial", "block", "request", "host", "rank", "metric", "value")
 
 
-def _write_pilot(path: Path, *, builds: dict[str, float], sd: float, trials: int) -> dict[str, np.ndarray]:
+def _write_pilot(path: Path, *, builds: dict[str, float], sd: float, trials: int,
+                 scenario: str = "default") -> dict[str, np.ndarray]:
     rng = np.random.default_rng(8)
     values = {b: rng.normal(mean, sd, trials) for b, mean in builds.items()}
     with path.open("w", newline="") as handle:
@@ -29,9 +30,9 @@ def _write_pilot(path: Path, *, builds: dict[str, float], sd: float, trials: int
         writer.writerow(COLUMNS)
         for build, draws in values.items():
             for trial, value in enumerate(draws):
-                writer.writerow(("r1", "default", build, trial, trial, "B-new-start", "all", "", "hit_rate", value))
+                writer.writerow(("r1", scenario, build, trial, trial, "B-new-start", "all", "", "hit_rate", value))
                 # per-host rows must be ignored: only host "all" holds the combined value
-                writer.writerow(("r1", "default", build, trial, trial, "B-new-start", "gb10-1", 0, "hit_rate", 0.1))
+                writer.writerow(("r1", scenario, build, trial, trial, "B-new-start", "gb10-1", 0, "hit_rate", 0.1))
     return values
 
 
@@ -77,6 +78,26 @@ def test_plan_from_a_pilot_uses_the_combined_rows_both_builds_and_the_sd_bound(
     design = sequential_design(expected, effect / sd_upper(sd, 10.0), alpha=0.05, gains=2)
     shape = f" --spending-rho {design.rho:g}" if design.rho != 2 else ""
     assert f"| {expected} | --trials {design.first} --max-trials {design.maximum}{shape} |" in out
+
+
+def test_plan_from_a_pilot_of_a_known_scenario_sizes_its_assertions_at_its_alpha(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A samples file of a shipped scenario is sized as that scenario checks it: its alpha (0.01), its four
+    gains sharing the power, each against its minimum effect; what the pilot lacks is named as unsized.
+    Without a known scenario a note says every quantity is taken as a gain at 0."""
+    _write_pilot(tmp_path / "samples.csv", builds={"set4": 0.86, "two_choice": 0.99}, sd=0.002, trials=4,
+                 scenario="reread-1g")
+    assert main(["plan", "--samples", str(tmp_path / "samples.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "all 4 gain(s) pass (1 of them sized here)" in out and "at alpha 0.01" in out
+    assert "| hit_rate | B-new-start | gain | 86.00 % |" not in out
+    [row] = [line for line in out.splitlines() if line.startswith("| hit_rate | B-new-start |")]
+    assert "| +2 pp |" in row   # the null is the minimum effect, not 0
+    assert "Unsized (7): gain hit_rate[A-third-read], gain readiness_wait_ns[B-new-start]" in out
+    assert "no_regression kv_pages[startup]" in out
+    _write_pilot(tmp_path / "samples.csv", builds={"set4": 0.86, "two_choice": 0.99}, sd=0.002, trials=4)
+    assert main(["plan", "--samples", str(tmp_path / "samples.csv")]) == 0
+    assert "every quantity is sized as a gain at null 0" in capsys.readouterr().err
 
 
 def test_gains_that_move_together_need_less_power_each_and_apart_more() -> None:
