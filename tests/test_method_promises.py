@@ -1,0 +1,95 @@
+"""Every test method keeps the same promises: no pass unless the estimate over every start is past the
+boundary, an interval that agrees with the verdict, true words; identical values decided exactly."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+from cache_qualify.stats.manytoone import Tournament
+from cache_qualify.stats.verdict import Assertion, Trials, VerdictWarning, evaluate
+
+METHODS = ("welch", "mannwhitney", "permutation")
+WAIT = Assertion("readiness_wait", "B-new-start", "gain", False, unit="s")
+HIT = Assertion("hit_rate", "A-again", "gain", True, min_effect=0.5, unit="fraction")
+KV = Assertion("kv_pages", "startup", "no_regression", False, margin=0.02, unit="pages")
+
+
+def _blocked(base: list[float], cand: list[float]) -> tuple[Trials, Trials]:
+    blocks = tuple(range(len(base)))
+    return Trials(tuple(base), blocks=blocks), Trials(tuple(cand), blocks=blocks)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_slower_candidate_never_passes_whatever_the_method(method: str) -> None:
+    base = [1.0, 2.8, 1.6, 2.2, 1.8, 2.6, 1.4, 2.4, 2.0, 3.0]
+    cand = [3.0] + [b - 0.1 for b in base[1:]]
+    [v] = evaluate([WAIT], {WAIT.id: _blocked(base, cand)}, alpha=0.05, method=method)  # type: ignore[arg-type]
+    assert v.candidate_mean > v.baseline_mean and not v.flagged
+    assert v.outcome != "pass" and v.p_value >= 0.5
+    # the interval holds the estimate over every start, so it cannot read as a pass either
+    assert v.ci.low <= v.difference <= v.ci.high and v.ci.high > v.boundary
+    assert "-0 " not in v.reason
+
+
+def test_no_method_passes_a_gain_whose_mean_over_every_start_is_not_better() -> None:
+    """Seeded: slow candidate starts that stay inside the build's spread (no flag), lower is better; the
+    rank test's p alone passed such runs with the candidate's mean worse."""
+    rng = np.random.default_rng(32)
+    passes = {m: 0 for m in METHODS}
+    for _ in range(40):
+        base = rng.uniform(1.0, 3.0, 10)
+        cand = base - 0.1 + rng.normal(0, 0.01, 10)
+        # one slow start in most runs: the largest of the block differences, its rank alone against the
+        # others' (Wilcoxon p 0.042 however slow), the mean over every start worse when it costs > 0.9 s
+        cand[rng.integers(0, 10)] += rng.choice([0.0, 0.4, 0.8, 1.5, 2.5])
+        samples = {WAIT.id: _blocked(list(base.round(2)), list(cand.round(2)))}
+        for method in METHODS:
+            [v] = evaluate([WAIT], samples, alpha=0.1, method=method)  # type: ignore[arg-type]
+            if v.outcome == "pass":
+                passes[method] += 1
+                assert v.candidate_mean < v.baseline_mean, (method, v.reason)
+                assert v.ci.high < v.boundary, (method, v.reason)
+    assert all(n >= 5 for n in passes.values()), passes   # the property was exercised for every method
+
+
+def test_zero_boundary_and_an_end_close_to_it_read_truly() -> None:
+    base = [2.0, 2.4, 1.8, 2.2, 2.6, 2.1]
+    cand = [b - 0.30 for b in base[:3]] + [b - 0.31 for b in base[3:]]
+    [v] = evaluate([WAIT], {WAIT.id: _blocked(base, cand)}, alpha=0.05)
+    assert v.outcome == "pass"
+    assert "below 0 s" in v.reason and "-0 s" not in v.reason
+    end, boundary = re.search(r"upper end (\S+ s) < (\S+ s)", v.reason).groups()  # type: ignore[union-attr]
+    assert end != boundary
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_identical_values_decide_exactly(method: str) -> None:
+    with pytest.warns(VerdictWarning, match=r"exactly 0, without noise, over 4 blocks"):
+        [hit, kv] = evaluate([HIT, KV], {HIT.id: _blocked([0.0] * 4, [0.0] * 4),
+                                         KV.id: _blocked([1000.0] * 4, [1000.0] * 4)},
+                             alpha=0.01, method=method)  # type: ignore[arg-type]
+    assert hit.outcome == "fail" and "shown below the minimum effect 50 pp" in hit.reason
+    assert (hit.ci.low, hit.ci.high) == (0.0, 0.0) and "interval 0 pp to 0 pp" in hit.reason
+    assert kv.outcome == "pass" and "upper end 0 pages < +20 pages" in kv.reason
+
+
+def test_identical_values_from_two_blocks_are_not_decided() -> None:
+    with pytest.warns(VerdictWarning, match=r"2 blocks cannot tell a metric that never varies"):
+        [kv] = evaluate([KV], {KV.id: _blocked([1000.0] * 2, [1000.0] * 2)}, alpha=0.05)
+    assert kv.outcome == "inconclusive" and kv.trials_needed == 3
+
+
+def test_each_warning_is_given_once_over_the_looks() -> None:
+    arms = Tournament(["c1"], [HIT], alpha=0.05, looks=(3, 4, 5))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for look, n in enumerate((3, 4, 5), start=1):
+            arms.look(look, {"c1": {HIT.id: _blocked([0.5] * n, [0.5] * n)}})
+            if not arms.running:
+                break
+    said = [str(w.message) for w in caught if issubclass(w.category, VerdictWarning)]
+    assert len(said) == len(set(said)) >= 1
