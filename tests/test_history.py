@@ -28,6 +28,8 @@ from cache_qualify.history import schema
 from cache_qualify.history.series import series_of
 from cache_qualify.history.store import History, default_url
 from cache_qualify.report.render import render_run
+from cache_qualify.samples.records import VerdictRecord
+from cache_qualify.samples.runfolder import write_verdicts
 from tests.support import history_sim
 from tests.support.postgres import Postgres, postgres_server
 from tests.support.chromium import browser_problems, chromium
@@ -87,8 +89,27 @@ def test_import_twice_gives_the_same_database(tmp_path: Path, history_url: str,
     assert all(str(r["started"]).startswith("2026-01-0") for r in runs)
 
 
+# the verdicts table before version 4: no arm, unique on (run, scenario, assertion), fifteen figures
+V3_VERDICTS = """CREATE TABLE verdicts (run_id VARCHAR(64) NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+    scenario VARCHAR(128) NOT NULL, assertion VARCHAR(256) NOT NULL, metric VARCHAR(64) NOT NULL,
+    request VARCHAR(128) NOT NULL, kind VARCHAR(32) NOT NULL, outcome VARCHAR(16) NOT NULL, baseline_mean FLOAT,
+    candidate_mean FLOAT, difference FLOAT, ci_low FLOAT, ci_high FLOAT, p_value FLOAT, p_adjusted FLOAT,
+    trials_baseline INTEGER, trials_candidate INTEGER, trials_needed INTEGER, reason TEXT,
+    UNIQUE (run_id, scenario, assertion))"""
+V3_FIGURES = ("run_id", "scenario", "assertion", "metric", "request", "kind", "outcome", "baseline_mean",
+              "candidate_mean", "difference", "ci_low", "ci_high", "p_value", "p_adjusted", "trials_baseline",
+              "trials_candidate", "trials_needed", "reason")
+
+
 def _as_version(conn: sa.Connection, version: int) -> None:
     """The database as an older suite left it at `version`: what the later versions added dropped."""
+    if version < 4:
+        rows = [dict(row) for row in conn.execute(sa.select(schema.verdicts)).mappings()]
+        conn.execute(sa.text("DROP TABLE verdicts"))
+        conn.execute(sa.text(V3_VERDICTS))
+        if rows:
+            old = sa.Table("verdicts", sa.MetaData(), autoload_with=conn)
+            conn.execute(old.insert(), [{k: row[k] for k in V3_FIGURES} for row in rows])
     if version < 3:
         for statement in ("DROP TABLE flagged_starts", "DROP TABLE quantities", "ALTER TABLE runs DROP COLUMN summary"):
             conn.execute(sa.text(statement))
@@ -97,9 +118,12 @@ def _as_version(conn: sa.Connection, version: int) -> None:
     conn.execute(schema.schema_version.update().values(version=version))
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_schema_upgrades_in_place(tmp_path: Path, history_url: str, version: int) -> None:
     folder = history_sim.write_series(tmp_path / "reports", history_sim.quiet_series(np.random.default_rng(4), 1))[0]
+    write_verdicts(folder, history_sim.SCENARIO, [VerdictRecord.of("set4", {
+        "id": "hit_rate-gain[B-new-start]", "metric": "hit_rate", "request": "B-new-start", "kind": "gain",
+        "outcome": "pass", "difference": 0.01, "ci_level": 0.98})])
     render_run(folder, plots=False)  # its summary, as the run's end writes it
     with History(history_url) as history:
         history.record(folder)
@@ -111,12 +135,19 @@ def test_schema_upgrades_in_place(tmp_path: Path, history_url: str, version: int
     with History(history_url) as history:
         assert history.upgrade() == version
         upgraded = history.dump()
-        # the rows kept, the columns and tables back, empty as the older suite left them
-        assert upgraded["trials"] == before["trials"] and upgraded["verdicts"] == before["verdicts"]
-        assert upgraded["quantities"] == [] and upgraded["runs"][0][-1] is None
+        # the rows kept, the columns and tables back, empty as the older suite left them; the verdicts
+        # with their arm (the run's only candidate), the figures an older suite did not keep NULL
+        assert upgraded["trials"] == before["trials"]
+        kept = [schema.verdicts.c.keys().index(k) for k in V3_FIGURES] + [schema.verdicts.c.keys().index("arm")]
+        assert [[row[k] for k in kept] for row in upgraded["verdicts"]] == \
+            [[row[k] for k in kept] for row in before["verdicts"]] and before["verdicts"]
+        assert {row[schema.verdicts.c.keys().index("arm")] for row in upgraded["verdicts"]} == {"set4"}
+        if version < 3:
+            assert upgraded["quantities"] == [] and upgraded["runs"][0][-1] is None
         (found,) = series_of(history.values())  # read as the study's runtime measured it, as a report does
         assert (found.metric, found.unit, found.title) == ("hit_rate", "fraction", "Hit rate")
         assert [row[:-1] for row in upgraded["runs"]] == [row[:-1] for row in before["runs"]]
+        assert history.runs()[0]["verdicts"] == {"set4": {"pass": 1}}
         assert history.record(folder) == 0  # importing the folder again fills them in
         assert history.dump() == before
     with engine.begin() as conn:

@@ -16,8 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 import yaml
 
+from cache_qualify.history import schema
 from cache_qualify.history.store import History, default_url
 from tests.support.labfixtures import run_qualify, small_scenario_option, start_qualify, write_inventory
 from tests.support.postgres import Postgres, postgres_server
@@ -114,6 +116,61 @@ def test_killed_runner_is_unfinished_until_resumed_sqlite(tmp_path: Path) -> Non
     # no --history: the default, reports/history.sqlite under the working folder
     listed = sorted((str(r["run_id"]), r["outcome"], r["trials"], r["finished"]) for r in runs_json(None, tmp_path))
     assert listed == [("killed", "pass", TRIALS, True), ("other", "pass", TRIALS, True)], listed
+
+
+CANDIDATES = ("set8", "set16", "two_choice")
+
+
+def test_a_tournament_records_every_candidates_verdicts_and_the_page_shows_them(tmp_path: Path) -> None:
+    """Three candidates against one baseline, writing the default SQLite as they go: each candidate's
+    verdict on each assertion is a row of its own (arm in the key), and the page shows each candidate's."""
+    reports = tmp_path / "reports"
+    run = run_qualify(lab(tmp_path, "t"), reports, "--run-id", "three", "--candidate", ",".join(CANDIDATES),
+                      *small_scenario_option(tmp_path, SCENARIO), *OPTIONS)
+    assert run.returncode in (0, 1), run.output
+    assert "history not recorded" not in run.output, run.output
+    written = json.loads((reports / "three" / f"verdicts-{SCENARIO}.json").read_text(encoding="utf-8"))
+    assert {v["arm"] for v in written} == set(CANDIDATES)
+    url = default_url(reports)
+    with History(url) as history:
+        verdicts = history.dump()["verdicts"]
+        (listed,) = history.runs()
+    assert len(verdicts) == len(written) > len(CANDIDATES), verdicts   # every candidate's, not none
+    arm, assertion = schema.verdicts.c.keys().index("arm"), schema.verdicts.c.keys().index("assertion")
+    assert sorted((row[arm], row[assertion]) for row in verdicts) == sorted((v["arm"], v["id"]) for v in written)
+    counts = {c: {o: sum(v["arm"] == c and v["outcome"] == o for v in written) for o in ("pass", "fail")}
+              for c in CANDIDATES}
+    assert list(listed["verdicts"]) == list(CANDIDATES)
+    page_dir = tmp_path / "page"
+    page_dir.mkdir()
+    proc = subprocess.run(["cache-qualify", "history", "html", str(page_dir), "--reports-dir", str(reports)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    page = (page_dir / "index.html").read_text(encoding="utf-8")
+    for candidate in CANDIDATES:
+        shown = [f'<span class="{o}">{n} {o}</span>' for o, n in counts[candidate].items() if n]
+        assert f'<span class="arm" data-arm="{candidate}">{candidate}: {", ".join(shown)}' in page, candidate
+
+
+def test_a_history_that_cannot_be_written_is_said_in_the_summary_and_the_terminal(tmp_path: Path) -> None:
+    """A history newer than this suite (every write refused): the run goes on and passes, and its
+    summary and its terminal's last lines say the history was not recorded, and why."""
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    url = default_url(reports)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        schema.schema_version.create(conn)
+        conn.execute(schema.schema_version.insert().values(version=schema.SCHEMA_VERSION + 1))
+    engine.dispose()
+    run = run_qualify(lab(tmp_path, "n"), reports, "--run-id", "newer", *small_scenario_option(tmp_path, SCENARIO),
+                      *OPTIONS)
+    assert run.returncode == 0, run.output
+    why = f"schema version {schema.SCHEMA_VERSION + 1}, newer than this cache-qualify knows"
+    said = [line for line in run.output.splitlines() if line.startswith("history not recorded: ")]
+    assert len(said) == 1 and why in said[0] and "history import" in said[0], run.output
+    summary = (reports / "newer" / "summary.md").read_text(encoding="utf-8")
+    assert "**History not recorded: at the end of the run: " in summary and why in summary
 
 
 URL_PASSWORD, ENV_PASSWORD = "S3cretPW", "Env5ecretPW"
