@@ -13,7 +13,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,15 +110,37 @@ def start_llama_server(binary: Path, model: Path, log_path: Path, flags: Sequenc
     address = address or _worker_address()
     port = free_port([address])
     command = [str(binary), "-m", str(model), "--host", address, "--port", str(port), *flags]
+    started = time.monotonic()
+    server = start_until_healthy("llama-server", command, log_path, address, port, ready_timeout_s)
+    try:
+        # /health turns 200 a moment before the server installs its SIGTERM handler; it logs
+        # "listening on" after it, so a stop from then on is the server's own clean exit
+        server.wait_for_log(HANDLERS_SET, timeout_s=max(5.0, started + ready_timeout_s - time.monotonic()))
+    except NotInTime:
+        server.stop()
+        raise
+    server.start_s = time.monotonic() - started
+    return server
+
+
+def start_until_healthy(what: str, command: Sequence[str], log_path: Path, address: str, port: int,
+                        ready_timeout_s: float, *, env: Mapping[str, str] | None = None,
+                        new_session: bool = False) -> LlamaServer:
+    """Spawn `command` (its output in `log_path`) and wait till ``/health`` on `address`:`port` is 200.
+
+    Raises :class:`ServerExited` when it exits first, `NotInTime` (the process stopped) when it is
+    not ready in time. `env`: its whole environment; `new_session`: it leads a process group of its own.
+    """
     with open(log_path, "wb") as log:
         started = time.monotonic()
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(list(command), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                   env=None if env is None else dict(env), start_new_session=new_session)
     server = LlamaServer(address, port, process, log_path)
     with httpx.Client(base_url=server.base_url, timeout=5.0) as client:
         def healthy() -> bool:
             status = process.poll()
             if status is not None:
-                raise ServerExited(f"llama-server exited with status {status} before it was ready; "
+                raise ServerExited(f"{what} exited with status {status} before it was ready; "
                                    f"its log ends:\n{server.log_tail()}", status=status, log=server.log())
             answer = client.get("/health")   # a TransportError while it is not listening yet
             if not server.health or server.health[-1] != (answer.status_code, answer.text):
@@ -126,12 +148,9 @@ def start_llama_server(binary: Path, model: Path, log_path: Path, flags: Sequenc
             return answer.status_code == 200
 
         try:
-            wait_for(healthy, started + ready_timeout_s - time.monotonic(), "llama-server ready (/health 200)",
+            wait_for(healthy, started + ready_timeout_s - time.monotonic(), f"{what} ready (/health 200)",
                      every_s=0.005, ignoring=(httpx.TransportError,),
                      detail=lambda: f"its log ends:\n{server.log_tail()}")
-            # /health turns 200 a moment before the server installs its SIGTERM handler; it logs
-            # "listening on" after it, so a stop from then on is the server's own clean exit
-            server.wait_for_log(HANDLERS_SET, timeout_s=max(5.0, started + ready_timeout_s - time.monotonic()))
         except NotInTime:
             server.stop()
             raise

@@ -1,0 +1,193 @@
+"""The vLLM and SGLang profiles against what those servers print, and `absent: zero`.
+
+The vLLM bodies and responses in tests/data were captured from a real vLLM 0.32.0 (its CPU build);
+the SGLang body is built from SGLang's own source (tests/data/METRICS.md says which lines).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cache_qualify.config.measurement import Measurement
+from cache_qualify.config.profiles import load_profile, resolve
+from cache_qualify.config.yamlsource import FieldProblem
+from cache_qualify.errors import InvalidResponse, MetricMissing
+from cache_qualify.trials.client import CompletionsClient
+from cache_qualify.trials.figures import combine, delta
+from cache_qualify.trials.measure import Snapshot, parse_metrics
+from tests.support.httpfixtures import Request, Reply, StubServer, json_reply
+
+DATA = Path(__file__).resolve().parent / "data"
+CACHED = "usage.prompt_tokens_details.cached_tokens"
+HOST = "127.0.0.23"
+
+
+def body(name: str) -> str:
+    return (DATA / name).read_text(encoding="utf-8")
+
+
+def snapshot(text: str, model: Measurement, at: float) -> Snapshot:
+    return Snapshot(host="gpu0", rank=0, taken_at=at,
+                    values=parse_metrics(text, host="gpu0", rank=0, table_label=model.table_label))
+
+
+def figures(model: Measurement, before: str, after: str) -> dict[str, float]:
+    rank = delta(snapshot(before, model, 1.0), snapshot(after, model, 2.0), model)
+    return dict(combine([rank], model).values)
+
+
+def samples(text: str, name: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(name + "{")]
+
+
+def vllm_bodies(name: str) -> list[str]:
+    """The bodies of one recorded vLLM start: before P, after P, after Q, after P again."""
+    return body(name).split("\n# --- next scrape ---\n")
+
+
+# --- vLLM, recorded --------------------------------------------------------------------------------
+
+def test_vllm_re_read_with_caching_on_hits_whole_blocks_over_prompt_tokens() -> None:
+    model = resolve("vllm")
+    bodies = vllm_bodies("vllm-metrics.txt")
+    first = figures(model, bodies[0], bodies[1])
+    again = figures(model, bodies[2], bodies[3])
+    assert (first["hits"], first["prompt_tokens"], first["hit_rate"]) == (0, 4000, 0)
+    # 31 whole blocks of 128: the last partial block is always computed
+    assert (again["hits"], again["prompt_tokens"], again["misses"]) == (3968, 4000, 32)
+    assert again["hit_rate"] == pytest.approx(3968 / 4000)
+    assert 0 < again["prefill_time_s"] < first["prefill_time_s"]
+    assert again["ttft_s"] > 0
+
+
+def test_vllm_with_caching_off_has_a_hit_rate_of_zero_not_zero_over_zero() -> None:
+    model = resolve("vllm")
+    bodies = vllm_bodies("vllm-metrics-no-caching.txt")
+    again = figures(model, bodies[2], bodies[3])
+    # the lookup is skipped: its queries stay 0, the prompt tokens do not
+    assert 'vllm:prefix_cache_queries_total{engine="0",model_name="tiny-llama"} 0.0' in bodies[3]
+    assert (again["hits"], again["prompt_tokens"], again["hit_rate"]) == (0, 4000, 0)
+    assert not any(math.isnan(v) for v in again.values())
+
+
+def test_vllm_kv_line_of_the_cpu_and_the_gpu_build() -> None:
+    import re
+    regex = re.compile(resolve("vllm").quantities["kv_pages"].spec.log or "")
+    recorded = body("vllm-start.log")
+    cpu = regex.search(recorded)
+    assert cpu is not None and cpu.group(1) == "2,097,152"
+    gpu = regex.search("INFO 05-01 [kv_cache_utils.py:1087] GPU KV cache size: 123,456 tokens")
+    assert gpu is not None and gpu.group(1) == "123,456"
+
+
+def stub(stub_servers: Callable[[str], StubServer], document: dict[str, Any]) -> StubServer:
+    server = stub_servers(HOST)
+
+    def reply(request: Request) -> Reply:
+        return json_reply(document)
+    server.serve("/v1/completions", reply)
+    return server
+
+
+def cached_tokens(server: StubServer, model: Measurement, *, forbid: bool = False) -> float:
+    path = model.prefix_cached
+    assert path is not None
+    zero = (path,) if model.absent_zero(path) else ()
+    with CompletionsClient(server.url, host=server.host) as client:
+        result = client.complete("A", list(range(100, 4100)), logprobs=None, fields=() if forbid else (path,),
+                                 forbid_cached=path if forbid else None, absent_zero=zero)
+    return result.fields[path]
+
+
+@pytest.mark.parametrize("recorded", ["vllm-response.json", "vllm-response-no-details.json"])
+def test_vllm_responses_read_as_their_cached_tokens(stub_servers: Callable[[str], StubServer],
+                                                    recorded: str) -> None:
+    first, _other, again = json.loads(body(recorded))
+    model = resolve("vllm").for_prefix_reuse("measure")
+    details = recorded == "vllm-response.json"
+    assert (again["usage"]["prompt_tokens_details"] is None) is not details
+    assert cached_tokens(stub(stub_servers, first), model) == 0
+    assert cached_tokens(stub(stub_servers, again), model) == (3968 if details else 0)
+
+
+# --- SGLang, from its source ---------------------------------------------------------------------
+
+def test_sglang_without_cached_tokens_total_has_zero_hits() -> None:
+    model = resolve("sglang")
+    fresh, served = body("sglang-metrics.txt").split("\n# --- next scrape ---\n")
+    assert not samples(fresh + served, "sglang:cached_tokens_total")
+    assert not samples(fresh, "sglang:prompt_tokens_total")   # a labelled counter: no series before a request
+    got = figures(model, fresh, served)
+    assert (got["hits"], got["prompt_tokens"], got["hit_rate"], got["misses"]) == (0, 4000, 0, 4000)
+    assert got["ttft_s"] > 0
+
+
+def test_sglang_counts_its_first_hit_from_zero() -> None:
+    model = resolve("sglang")
+    _fresh, served = body("sglang-metrics.txt").split("\n# --- next scrape ---\n")
+    hit = served.replace("sglang:prompt_tokens_total{model_name=\"tiny\"} 4000.0",
+                         "sglang:prompt_tokens_total{model_name=\"tiny\"} 8000.0")
+    hit += ('# HELP sglang:cached_tokens_total Number of cached prompt tokens.\n'
+            '# TYPE sglang:cached_tokens_total counter\nsglang:cached_tokens_total{model_name="tiny"} 3999.0\n')
+    got = figures(model, served, hit)
+    assert (got["hits"], got["prompt_tokens"]) == (3999, 4000)
+
+
+@pytest.mark.parametrize("usage", [{"prompt_tokens": 4000, "completion_tokens": 1, "total_tokens": 4001,
+                                    "prompt_tokens_details": None},
+                                   {"prompt_tokens": 4000, "completion_tokens": 1, "total_tokens": 4001}])
+def test_sglang_response_without_prompt_tokens_details_is_zero_cached_tokens(
+        stub_servers: Callable[[str], StubServer], usage: dict[str, Any]) -> None:
+    document = {"id": "1", "object": "text_completion", "model": "tiny",
+                "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}], "usage": usage}
+    model = resolve("sglang").for_prefix_reuse("measure")
+    assert cached_tokens(stub(stub_servers, document), model) == 0
+    # where prefix reuse is forbidden, a response without the field served no cached tokens
+    assert cached_tokens(stub(stub_servers, document), resolve("sglang"), forbid=True) == 0
+
+
+def test_sglang_and_vllm_are_single_host_and_say_their_flags() -> None:
+    vllm, sglang = load_profile("vllm"), load_profile("sglang")
+    assert "one rank" in vllm.description and "one rank" in sglang.description
+    assert "--enable-prompt-tokens-details" in vllm.description
+    assert "--enable-metrics" in sglang.description and "--enable-cache-report" in sglang.description
+    assert resolve("sglang").readiness_path == "/health_generate"
+
+
+# --- absent: zero, and absent elsewhere ----------------------------------------------------------
+
+def test_a_required_counter_absent_stays_an_error_naming_it() -> None:
+    model = resolve("vllm")
+    bodies = vllm_bodies("vllm-metrics.txt")
+    cut = "\n".join(line for line in bodies[3].splitlines() if not line.startswith("vllm:prefix_cache_hits"))
+    with pytest.raises(MetricMissing, match="vllm:prefix_cache_hits_total"):
+        figures(model, bodies[2], cut)
+
+
+def test_a_counter_absent_as_zero_that_vanishes_is_still_an_error() -> None:
+    model = resolve("sglang")
+    _fresh, served = body("sglang-metrics.txt").split("\n# --- next scrape ---\n")
+    with pytest.raises(MetricMissing, match="sglang:prompt_tokens_total"):
+        figures(model, served, served.replace("sglang:prompt_tokens_total{", "sglang:other_total{"))
+
+
+def test_a_response_field_absent_stays_an_error_where_it_is_required(
+        stub_servers: Callable[[str], StubServer]) -> None:
+    first, _other, _again = json.loads(body("vllm-response-no-details.json"))
+    with CompletionsClient(stub(stub_servers, first).url, host=HOST) as client:
+        with pytest.raises(InvalidResponse, match="prompt_tokens_details.cached_tokens is missing"):
+            client.complete("A", list(range(100, 4100)), logprobs=None, forbid_cached=CACHED)
+
+
+def test_absent_zero_is_for_counters_and_responses_only() -> None:
+    with pytest.raises(FieldProblem, match="absent: zero` is for a counter or a response, found a gauge"):
+        resolve("vllm", {"kv_usage": {"gauge": "vllm:kv_cache_usage_perc", "unit": "fraction", "absent": "zero"}})
+    model = resolve("vllm", {"external": {"counter": "vllm:external_prefix_cache_hits_total", "unit": "tokens",
+                                          "absent": "zero"}})
+    assert model.quantities["external"].spec.absent == "zero"

@@ -1,0 +1,160 @@
+"""What a real vLLM 0.32.0 (its CPU build) does, pinned: the facts the `vllm` profile rests on.
+
+Two servers, each started once for this module: prefix caching on (with the prompt's cached tokens
+in usage) and off (without them). A 4,000-token prompt P, another Q, then P again; the metric
+deltas, the usage, the start-up log and /metrics are read from each. The last test stops both with
+SIGTERM. vLLM is installed when missing (`tests.support.vllm_build`); these tests FAIL when it
+cannot be.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cache_qualify.trials.measure import parse_metrics
+from tests.support.llama_server import LlamaServer
+from tests.support.vllm_server import MODEL_NAME, group_alive, make_tiny_llama, start_vllm_server, stop_group, \
+    vllm_python
+from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm")]
+
+DATA = Path(__file__).resolve().parent / "data"
+PROMPT = 4000
+BLOCK = 128
+
+
+@dataclass
+class Served:
+    """One server and what the three requests gave: the metrics before P and after each request."""
+
+    server: LlamaServer
+    bodies: list[str] = field(default_factory=list)
+    answers: list[dict[str, Any]] = field(default_factory=list)
+
+    def values(self, index: int) -> dict[str, float]:
+        parsed = parse_metrics(self.bodies[index], host="vllm", rank=0)
+        return {name: value for (name, _table), value in parsed.items()}
+
+    def delta(self, name: str, before: int, after: int) -> float:
+        return self.values(after)[name] - self.values(before)[name]
+
+
+def prompts() -> tuple[list[int], list[int]]:
+    rng = random.Random(1)
+    return [rng.randrange(100, 31000) for _ in range(PROMPT)], [rng.randrange(100, 31000) for _ in range(PROMPT)]
+
+
+def serve(server: LlamaServer) -> Served:
+    served = Served(server)
+    p, q = prompts()
+    with httpx.Client(base_url=server.base_url, timeout=120) as client:
+        served.bodies.append(client.get("/metrics").text)
+        for tokens in (p, q, p):
+            answer = client.post("/v1/completions", json={"model": MODEL_NAME, "prompt": tokens, "max_tokens": 1,
+                                                           "temperature": 0})
+            assert answer.status_code == 200, answer.text
+            served.answers.append(answer.json())
+            served.bodies.append(client.get("/metrics").text)
+    return served
+
+
+@pytest.fixture(scope="module")
+def python() -> Path:
+    return vllm_python()
+
+
+@pytest.fixture(scope="module")
+def model(python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llama(python, tmp_path_factory.mktemp("vllm-model"))
+
+
+@pytest.fixture(scope="module")
+def caching_on(python: Path, model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    log = tmp_path_factory.mktemp("vllm-on") / "server.log"
+    server = start_vllm_server(python, model, log, ["--enable-prefix-caching", "--enable-prompt-tokens-details"])
+    try:
+        yield serve(server)
+    finally:
+        stop_group(server)
+
+
+@pytest.fixture(scope="module")
+def caching_off(python: Path, model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    log = tmp_path_factory.mktemp("vllm-off") / "server.log"
+    server = start_vllm_server(python, model, log, ["--no-enable-prefix-caching"])
+    try:
+        yield serve(server)
+    finally:
+        stop_group(server)
+
+
+def test_a_re_read_with_caching_on_hits_its_whole_blocks(caching_on: Served) -> None:
+    whole = PROMPT // BLOCK * BLOCK   # 3,968: the last partial block is always computed
+    for name, grew in (("vllm:prefix_cache_queries_total", PROMPT), ("vllm:prefix_cache_hits_total", whole),
+                       ("vllm:prompt_tokens_total", PROMPT), ("vllm:prompt_tokens_cached_total", whole),
+                       ("vllm:request_prefill_kv_computed_tokens_sum", PROMPT - whole)):
+        assert caching_on.delta(name, 2, 3) == grew, name
+    assert caching_on.delta("vllm:prefix_cache_hits_total", 0, 1) == 0
+    # the prefill the cache saves shows in the server's prefill time
+    assert caching_on.delta("vllm:request_prefill_time_seconds_sum", 2, 3) < \
+        caching_on.delta("vllm:request_prefill_time_seconds_sum", 0, 1)
+    assert caching_on.delta("vllm:request_prefill_time_seconds_count", 2, 3) == 1
+    assert caching_on.delta("vllm:time_to_first_token_seconds_count", 2, 3) == 1
+
+
+def test_usage_has_the_cached_tokens_with_details_on(caching_on: Served) -> None:
+    details = [answer["usage"]["prompt_tokens_details"] for answer in caching_on.answers]
+    assert [d["cached_tokens"] for d in details] == [0, 0, PROMPT // BLOCK * BLOCK]
+    assert caching_on.answers[2]["usage"]["prompt_tokens"] == PROMPT
+    assert caching_on.answers[2]["choices"][0]["text"] == ""   # the tokenizer is skipped
+
+
+def test_with_caching_off_the_lookup_is_skipped_and_usage_has_no_details(caching_off: Served) -> None:
+    assert caching_off.delta("vllm:prefix_cache_queries_total", 0, 3) == 0
+    assert caching_off.delta("vllm:prefix_cache_hits_total", 0, 3) == 0
+    assert caching_off.delta("vllm:prompt_tokens_total", 2, 3) == PROMPT
+    assert caching_off.delta("vllm:request_prefill_kv_computed_tokens_sum", 2, 3) == PROMPT
+    assert [answer["usage"]["prompt_tokens_details"] for answer in caching_off.answers] == [None] * 3
+
+
+def cache_config(served: Served) -> dict[str, str]:
+    line = next(line for line in served.bodies[0].splitlines() if line.startswith("vllm:cache_config_info{"))
+    return dict(re.findall(r'(\w+)="([^"]*)"', line))
+
+
+def test_the_kv_line_and_cache_config_info(caching_on: Served, caching_off: Served) -> None:
+    for served in (caching_on, caching_off):
+        assert "CPU KV cache size: 2,097,152 tokens" in served.server.log()
+    on, off = cache_config(caching_on), cache_config(caching_off)
+    assert (on["block_size"], on["num_gpu_blocks"], on["kv_cache_size_tokens"]) == ("128", "16384", "2097152")
+    assert (on["enable_prefix_caching"], off["enable_prefix_caching"]) == ("True", "False")
+
+
+def names(body: str) -> set[str]:
+    return {line.split("{")[0].split(" ")[0] for line in body.splitlines() if line.startswith("vllm:")}
+
+
+def test_the_recorded_bodies_are_this_server_s(caching_on: Served, caching_off: Served) -> None:
+    for served, recorded in ((caching_on, "vllm-metrics.txt"), (caching_off, "vllm-metrics-no-caching.txt")):
+        bodies = (DATA / recorded).read_text(encoding="utf-8").split("\n# --- next scrape ---\n")
+        assert len(bodies) == 4
+        assert names(bodies[3]) == names(served.bodies[3]), recorded
+
+
+def test_sigterm_stops_each_server_and_its_processes(caching_on: Served, caching_off: Served) -> None:
+    for served in (caching_on, caching_off):
+        started = time.monotonic()
+        assert served.server.stop() == 0, served.server.log_tail()
+        assert time.monotonic() - started < 10
+        # the engine's processes go with it (vLLM force-kills what is left of them)
+        wait_for(lambda: not group_alive(served.server), 10, "no process left in the server's group")
