@@ -39,3 +39,29 @@ def test_a_bare_pytest_that_finds_the_qualification_tests_stops_the_same_way(tmp
     assert status == USAGE_ERROR, lines
     assert [line for line in lines if "error" in line.lower()] == [USAGE], lines
     assert lines[-1] == USAGE and not any(".py:" in line for line in lines), lines   # no frame of a traceback
+
+
+@pytest.mark.parametrize(("option", "value", "expected"), [
+    ("--alpha", "2", "expected 0 < value < 0.5, found 2.0"),
+    ("--trials", "-3", "expected value >= 2, found -3"),
+    ("--spending-rho", "-1", "expected 0 < value <= 10, found -1.0"),
+    ("--max-trials", "1", "expected value >= 2, found 1"),
+])
+def test_a_bad_option_is_refused_like_the_same_value_in_the_scenario_file(tmp_path: Path, option: str, value: str,
+                                                                          expected: str) -> None:
+    """An override is checked by the scenario's own model: one line naming the option, the value and the
+    range, exit status 4, and no run folder made (nothing of the lab was touched)."""
+    reports = tmp_path / "reports"
+    status, lines = pytest_run("qualify", "--hosts", "hosts.yaml", "--reports-dir", str(reports), option, value,
+                               cwd=REPO)
+    assert (status, lines) == (USAGE_ERROR, [f"ERROR: {option}: {expected} (scenario 'reread-1g')"])
+    assert not reports.exists()
+
+
+def test_options_that_disagree_with_each_other_are_refused_naming_both(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    status, lines = pytest_run("qualify", "--hosts", "hosts.yaml", "--reports-dir", str(reports), "--trials", "6",
+                               "--max-trials", "4", cwd=REPO)
+    assert (status, lines) == (USAGE_ERROR, ["ERROR: --max-trials: expected max_trials >= trials (6), found 4 "
+                                             "(scenario 'reread-1g')"])
+    assert not reports.exists()
