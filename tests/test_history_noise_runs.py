@@ -22,8 +22,11 @@ def _starts(run_dir: Path) -> dict[str, int]:
 
 
 def test_a_run_given_history_noise_decides_after_two_blocks_with_the_earlier_runs_noise(tmp_path: Path) -> None:
+    """The earlier runs record into one history by `--history URL`; the third names none, and takes the
+    noise from the history it records into by default (the reports folder's), the same file."""
     inventory = write_inventory(tmp_path)
-    url = f"sqlite:///{tmp_path / 'history.sqlite'}"
+    reports = tmp_path / "reports"
+    url = f"sqlite:///{reports / 'history.sqlite'}"
     earlier = []
     for seed in (1, 2):
         run = run_qualify(inventory, tmp_path / f"reports-{seed}", "--history", url, "--seed", str(seed),
@@ -31,10 +34,10 @@ def test_a_run_given_history_noise_decides_after_two_blocks_with_the_earlier_run
         assert run.returncode == 0, run.output
         assert _starts(run.run_dir()) == {"set4": 4, "two_choice": 4}   # no --history-noise: the run's own
         earlier.append(f"earlier-{seed}")
-    run = run_qualify(inventory, tmp_path / "reports-3", "--history", url, "--seed", "3", "--run-id", "pooled",
-                      "--history-noise")
+    run = run_qualify(inventory, reports, "--seed", "3", "--run-id", "pooled", "--history-noise")
     assert run.returncode == 0, run.output
-    assert _starts(run.run_dir()) == {"set4": 2, "two_choice": 2}
+    assert "is known from 2 earlier run(s)" in run.output
+    assert _starts(reports / "pooled") == {"set4": 2, "two_choice": 2}
     props = {name: {p.get("name"): p.get("value") for p in case.iter("property")}
              for name, case in run.testcases().items()}
     waits = [p for name, p in props.items() if "readiness_wait_ns-gain" in name]

@@ -65,3 +65,19 @@ def test_options_that_disagree_with_each_other_are_refused_naming_both(tmp_path:
     assert (status, lines) == (USAGE_ERROR, ["ERROR: --max-trials: expected max_trials >= trials (6), found 4 "
                                              "(scenario 'reread-1g')"])
     assert not reports.exists()
+
+
+def test_an_option_that_cannot_take_effect_is_refused_in_one_line(tmp_path: Path) -> None:
+    """`--history-noise` serves the paired t test only: with another test it would be ignored, so it is refused
+    before any run folder is made (exit status 4, one line naming both options)."""
+    from tests.support.labfixtures import write_inventory
+
+    inventory = write_inventory(tmp_path)
+    reports = tmp_path / "reports"
+    status, lines = pytest_run("qualify", "--hosts", str(inventory), "--reports-dir", str(reports),
+                               "--history-noise", "--test", "mannwhitney", cwd=REPO)
+    assert status == USAGE_ERROR, lines
+    assert lines == ["ERROR: --history-noise: the history's noise serves the paired t test only, and reread-1g "
+                     "(mannwhitney) decides with another test; leave out --history-noise, or decide with --test "
+                     "welch"], lines
+    assert not any(p.is_dir() for p in reports.glob("*")), list(reports.glob("*"))
