@@ -8,6 +8,7 @@ reproducible: a failure here replays with the same `--seed`.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -151,6 +152,21 @@ def test_the_same_seed_gives_the_same_samples(default_run: QualifyRun, tmp_path:
 
 
 @ON_THE_DEFAULT_RUN
+def test_the_summary_tells_a_reviewer_the_answer_the_design_and_its_level(default_run: QualifyRun) -> None:
+    summary = (default_run.run_dir() / "summary.md").read_text(encoding="utf-8")
+    lines = summary.splitlines()
+    assert lines[2] == "**May merge** `two_choice`: every assertion passed (exit status 0).", lines[:4]
+    assert ("Design: sequential, looks at 4..12 trials per build, alpha 0.01 spent as alpha × t^2 (t: the share "
+            "of the 12 trials per build reached); this is look 1 of at most 9, at 4 trials per build. Each "
+            "assertion was tested at the one-sided level 0.00111 here, so the interval is the two-sided 99.78 % "
+            "one (1 − 2 × 0.00111)") in summary
+    header = next(line for line in lines if line.startswith("| Assertion |"))
+    assert "| 99.78 % CI | p | Trials" in header and "Adjusted p" not in header, header   # equal: shown once
+    bad_starts = next(line for line in lines if line.startswith("| `bad_starts-no_excess[starts]` |"))
+    assert "n/a to n/a" not in bad_starts, bad_starts
+
+
+@ON_THE_DEFAULT_RUN
 def test_plan_samples_of_a_run_sizes_its_own_assertions_at_its_alpha_in_seconds(
         default_run: QualifyRun, tmp_path: Path) -> None:
     """`cache-qualify plan --samples RUN` on a 4 + 4 run: the scenario's own assertions (gains against their
@@ -192,7 +208,7 @@ def test_aa_run_finds_no_gain(tmp_path: Path) -> None:
         assert outcome == "failed"
         outcomes.append(props["outcome"])
         # each gain is shown below its minimum effect, or left open once the scenario cannot pass
-        assert ("Fail: the gain is shown below the minimum effect" in message
+        assert ("the gain is shown below the minimum effect" in message.lower() or "a regression is shown" in message
                 or "another assertion failed, so the scenario cannot pass" in message), message
     assert "fail" in outcomes and set(outcomes) <= {"fail", "inconclusive"}
     outcome, _, _ = case(run, "kv_pages-no_regression[startup]")
@@ -209,6 +225,16 @@ def test_lru4_fails_on_the_third_read_of_a(tmp_path: Path) -> None:
     assert outcome == "failed" and props["outcome"] == "fail"
     assert float(props["candidate_mean"]) < float(props["baseline_mean"])  # the RowCache study: 69.6 % vs 86.4 %
     assert "hit_rate-gain[A-third-read]" in message and "lru4" in message
+    # the JUnit message says the outcome once (pytest's "Failed:"), the regression as a regression, and its
+    # figures at the unit's resolution
+    assert message.startswith("Failed: hit_rate-gain[A-third-read] (lru4 vs set4): candidate - baseline -1"), message
+    assert "FAIL" not in message and "Fail:" not in message and "A regression is shown" in message, message
+    assert re.search(r"candidate - baseline -1\d\.\d\d pp \(98 % interval -1\d\.\d\d to -1\d\.\d\d pp\)", message), message
+    summary = (run.run_dir() / "summary.md").read_text(encoding="utf-8")
+    assert summary.splitlines()[2].startswith("**Do not merge** `lru4`"), summary
+    why = next(line for line in summary.splitlines() if line.startswith("- `hit_rate-gain[A-third-read]`"))
+    assert why.startswith("- `hit_rate-gain[A-third-read]` **FAIL**: a regression is shown"), why
+    assert "Fail:" not in why and "below the minimum effect" not in why, why
     assert run.reading_rule_violations() == []
 
 

@@ -26,6 +26,7 @@ def test_a_run_given_history_noise_decides_after_two_blocks_with_the_earlier_run
     noise from the history it records into by default (the reports folder's), the same file."""
     inventory = write_inventory(tmp_path)
     reports = tmp_path / "reports"
+    reports.mkdir()
     url = f"sqlite:///{reports / 'history.sqlite'}"
     earlier = []
     for seed in (1, 2):

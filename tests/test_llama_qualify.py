@@ -157,7 +157,7 @@ def test_a_smaller_context_fails_kv_non_regression(inventory: Inventory, tmp_pat
     case = run.testcases()["test_kv_pages[kv_pages-no_regression[startup]]"]
     failure = case.find("failure")
     assert failure is not None, run.output
-    assert "FAIL kv_pages-no_regression[startup]" in (failure.get("message") or "") + (failure.text or "")
+    assert "kv_pages-no_regression[startup] (" in (failure.get("message") or "") + (failure.text or "")
     assert set(samples_of(run, "kv_pages", "small-context")) == {6144}
 
 

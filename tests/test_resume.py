@@ -119,6 +119,19 @@ def test_resume_refuses_options_that_change_what_the_run_measures(tmp_path: Path
     reports = tmp_path / "reports"
     first = run_qualify(inventory, reports, "--run-id", RUN_ID, "--preflight-only", *OPTIONS)
     assert first.returncode == 0, first.output
+    # plan.json records the options by the names a user types
+    import json
+
+    path = reports / RUN_ID / "plan.json"
+    plan = json.loads(path.read_text(encoding="utf-8"))
+    assert plan["options"]["--trials"] == 2 and not any(k.startswith("cq_") for k in plan["options"]), plan
+    again = run_qualify(inventory, reports, "--resume", RUN_ID, "--trials", "3")
+    assert again.returncode == 4
+    assert "--resume: the run was made with --trials 2, not 3; leave --trials out" in again.output
+    # a plan written before, by the options' internal names, is restored the same way
+    older = {"cq_" + k.lstrip("-").replace("-", "_").replace("scenario", "scenarios"): v
+             for k, v in plan["options"].items()}
+    path.write_text(json.dumps({**plan, "options": older}), encoding="utf-8")
     again = run_qualify(inventory, reports, "--resume", RUN_ID, "--trials", "3")
     assert again.returncode == 4
     assert "--resume: the run was made with --trials 2, not 3; leave --trials out" in again.output
