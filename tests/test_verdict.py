@@ -104,13 +104,8 @@ def test_a_worse_candidate_fails_saying_it_was_not_better() -> None:
     [v] = evaluate([third_read], {third_read.id: (_normal(0.864, 0.001, 5, 12), _normal(0.696, 0.001, 5, 13))},
                    alpha=ALPHA)
     assert v.outcome == "fail"
-<<<<<<< HEAD
-    assert v.reason.startswith("Fail: the gain is shown below the minimum effect 0: candidate - baseline is below 0 "
-                               "(the interval's upper end -0.1")
-=======
     assert v.reason.startswith("Fail: a regression is shown, not the gain of at least 0 asked: the candidate is "
-                               "worse than the baseline: candidate - baseline is below +0 (the interval's upper end -0.1")
->>>>>>> 22a6e52 (summary.md and JUnit for a reviewer: a may merge / do not merge / undecided line first; the design (looks, this look's level) and what the interval's level means; a regression worded as one; p shown once when no adjustment changed it, no n/a interval for the bad-start check; JUnit failure messages say the outcome once with figures at the unit's resolution; plan.json records options by the names a user types, older plans still restored)
+                               "worse than the baseline: candidate - baseline is below 0 (the interval's upper end -0.1")
 
 
 def test_a_gain_that_cannot_reach_the_minimum_effect_fails() -> None:
