@@ -248,3 +248,75 @@ def test_a_trials_file_written_before_trials_named_their_group_is_read_and_appen
     trials = store.trials()
     assert list(trials["group"]) == ["", ""] and list(trials["attempt"]) == [first, second]
     assert list(store.samples()["group"]) == [""]
+
+
+def test_kept_samples_are_what_samples_csv_holds_at_every_trial(store: SampleStore) -> None:
+    """A run keeps its scenario's samples as its trials end (read from disk once, for what a resume
+    finds there): at every trial the frame is the one reading samples.csv whole gives, row for row."""
+    import pandas as pd
+
+    from cache_qualify.samples.store import INVALID, KeptSamples
+
+    def trial(build: str, number: int, outcome: str = OK, scenario: str = "reread-1g") -> None:
+        attempt = new_attempt()
+        values = [("all", -1, "hit_rate", 0.1 * number + (build == "two_choice") / 7), ("gb10-a", 0, "hits", 80300.0),
+                  ("all", -1, "refused_exported", math.nan), ("all", -1, "readiness_wait_ns", 2.04e9 + number)]
+        row = replace(trial_row(build, number, attempt, outcome), scenario=scenario, group="g1")
+        store.add_samples({**key(build, number, attempt), "scenario": scenario}, "A", [v for v in values])
+        store.add_trial(row)
+        kept.add(row, [("A", *v) for v in values])
+
+    def on_disk() -> pd.DataFrame:
+        frame = store.samples()
+        return frame[frame["scenario"] == "reread-1g"].reset_index(drop=True)
+
+    kept = KeptSamples(store, "reread-1g")
+    assert kept.frame().empty and list(kept.frame().columns) == [*SAMPLE_COLUMNS, "group"]
+    trial("set4", 0)
+    trial("two_choice", 0)
+    kept = KeptSamples(store, "reread-1g")   # a resume: what is on disk, read once
+    pd.testing.assert_frame_equal(kept.frame(), on_disk())
+    for number, build, outcome, scenario in [(1, "set4", OK, "reread-1g"), (1, "two_choice", INVALID, "reread-1g"),
+                                             (1, "two_choice", OK, "reread-1g"), (1, "set4", OK, "reread-4g"),
+                                             (2, "set4", FAILED, "reread-1g"), (2, "two_choice", OK, "reread-1g")]:
+        trial(build, number, outcome, scenario)
+        pd.testing.assert_frame_equal(kept.frame(), on_disk())
+    assert len(kept.frame()) == 4 * 5   # five ok trials of the scenario, four samples each
+
+
+# A seeded run on the quiet simulated lab (two candidates, the short scenario), as the suite decided it
+# when each look read samples.csv whole: each verdict's figures, and the sha256 of its samples' lines
+# (build, trial, request, host, rank, metric, value; the wall-clock times left out), sorted.
+BEFORE_VERDICTS = [
+    ("hit_rate-no_regression[A-new-start]", "set8", "pass", 0.9948190763244347, 0.9948330303320256,
+     1.39540075909661e-05, 2.254921807105732e-06, 2, 2),
+    ("kv_pages-no_regression[startup]", "set8", "pass", 41316.0, 41313.5, -2.5, 0.00021193169045223448, 2, 2),
+    ("bad_starts-no_excess[starts]", "set8", "pass", 0.0, 0.0, 0.0, 1.0, 2, 2),
+    ("hit_rate-no_regression[A-new-start]", "two_choice", "pass", 0.9948190763244347, 0.9948330303320256,
+     1.39540075909661e-05, 2.254921807105732e-06, 2, 2),
+    ("kv_pages-no_regression[startup]", "two_choice", "pass", 41316.0, 41306.5, -9.5, 0.0004049398453925217, 2, 2),
+    ("bad_starts-no_excess[starts]", "two_choice", "pass", 0.0, 0.0, 0.0, 1.0, 2, 2)]
+BEFORE_SAMPLES = (582, "24aa04660ee4a04ce505fdb5c915a14a88de11e6ae2607dbeddd8ccff75bbd14")
+TIMED = ("client_time_s", "startup_s")  # wall-clock: differ from run to run
+
+
+@pytest.mark.slow
+def test_a_seeded_run_measures_and_decides_as_when_each_look_read_the_file(tmp_path: Path) -> None:
+    import hashlib
+    import json
+
+    from tests.support.labfixtures import run_qualify, small_scenario_option, write_inventory
+
+    run = run_qualify(write_inventory(tmp_path, noise="quiet"), tmp_path / "reports", "--run-id", "det",
+                      *small_scenario_option(tmp_path, "det-short"), "--trials", "2", "--max-trials", "4",
+                      "--seed", "5", "--candidate", "set8,two_choice", timeout_s=600)
+    assert run.returncode == 0, run.output
+    folder = tmp_path / "reports" / "det"
+    verdicts = json.loads((folder / "verdicts-det-short.json").read_text(encoding="utf-8"))
+    keys = ("id", "arm", "outcome", "baseline_mean", "candidate_mean", "difference", "p_value", "trials_baseline",
+            "trials_candidate")
+    assert [tuple(v[k] for k in keys) for v in verdicts] == BEFORE_VERDICTS
+    lines = (folder / "samples.csv").read_text(encoding="utf-8").splitlines()[1:]
+    kept = sorted(",".join(line.split(",")[i] for i in (2, 3, 6, 7, 8, 9, 10)) for line in lines)
+    kept = [line for line in kept if line.split(",")[5] not in TIMED]
+    assert (len(kept), hashlib.sha256("\n".join(kept).encode()).hexdigest()) == BEFORE_SAMPLES
