@@ -75,7 +75,13 @@ MALFORMED: list[tuple[str, str, str, str, int | None]] = [
     ("no-regression-without-margin", "kind: no_regression, margin: 0.05", "kind: no_regression",
      r"expectations\[1\]\.margin: a no_regression needs `margin`", 13),
     ("margin-not-a-fraction", "margin: 0.05", "margin: 5",
-     r"expectations\[1\]\.margin: expected a value less than 1, found 5", 13),
+     r"expectations\[1\]\.margin: expected a share of the baseline >= 0 and below 1 \(100 %\), found 5", 13),
+    ("margin-in-seconds", "margin: 0.05", "margin: 0.05 s",
+     r"expectations\[1\]\.margin: a margin is a share of the baseline: a fraction such as 0.02 or a per cent "
+     r"such as '2 %', found '0.05 s'", 13),
+    ("min-effect-unknown-unit", "min_effect: 0.02", "min_effect: 2 points",
+     r"expectations\[0\]\.min_effect: expected a number with an optional unit \(ns, us, ms, s, .*, pp, %\), "
+     r"such as '0.2 s' or '2 pp', found '2 points'", 12),
     ("kv-pages-per-request", "{metric: kv_pages, kind", "{metric: kv_pages, request: A, kind",
      r"expectations\[2\]\.request: kv_pages is read once per start: expected request \"\*\", found 'A'", 14),
     ("bad-metric-name", "{metric: hit_rate, request: A,", "{metric: Hit-Rate, request: A,",
@@ -184,7 +190,7 @@ def test_reread_1g_asks_for_the_reports_gains() -> None:
     scenario = load_scenario(find_scenario("reread-1g"))
     gains = {(e.metric, e.request) for e in scenario.expectations if e.kind == "gain"}
     assert gains == {(m, r) for m in ("hit_rate", "readiness_wait_ns") for r in ("B-new-start", "A-third-read")}
-    assert all(e.min_effect and e.min_effect > 0 for e in scenario.expectations if e.kind == "gain")
+    assert all(a.min_effect > 0 for a in assertions_for(scenario) if a.kind == "gain")
 
 
 def test_long_prompt_fits_and_rereads() -> None:
@@ -214,6 +220,16 @@ RUNTIME_PROBLEMS = [
      "{metric: capacity_rows, request: A, kind: no_regression, margin: 0.05}",
      r"expectations\[1\]\.metric: capacity_rows of runtime flare has no direction \(neither higher nor lower "
      r"is better\), so it cannot be asserted"),
+    ("min-effect-of-another-kind", "min_effect: 0.02}", "min_effect: 0.2 s}",
+     r"expectations\[0\]\.min_effect: hit_rate: a difference of a quantity in fraction is in pp \(percentage "
+     r"points\), found 's'"),
+    ("bare-min-effect-implausible", "{metric: hit_rate, request: A2, kind: gain, min_effect: 0.02}",
+     "{metric: readiness_wait_ns, request: A2, kind: gain, min_effect: 0.2}",
+     r"expectations\[0\]\.min_effect: readiness_wait_ns is recorded in ns: a bare 0.2 is 0.2 ns, far below any "
+     r"wait a start shows; write the unit, e.g. '0.2 s'"),
+    ("bare-fraction-implausible", "min_effect: 0.02}", "min_effect: 2}",
+     r"expectations\[0\]\.min_effect: hit_rate is recorded in fraction: a bare 2 is 2 x 100 percentage points of "
+     r"a fraction; write the unit, e.g. '2 pp'"),
     ("per-start-on-a-request", "{metric: hit_rate, request: A, kind: no_regression, margin: 0.05}",
      "{metric: startup_s, request: A, kind: no_regression, margin: 0.05}",
      r"expectations\[1\]\.request: startup_s is read once per start: expected request \"\*\", found 'A'"),
@@ -228,6 +244,25 @@ def test_a_scenario_is_checked_against_the_runtime_before_any_lab_time(tmp_path:
     with pytest.raises(ScenarioError, match=r"mini\.yaml: " + message):
         check_against(scenario, resolve("flare"))
     check_against(load_scenario(write(tmp_path, BASE)), resolve("flare"))
+
+
+@pytest.mark.parametrize(("metric", "written", "recorded"), [
+    ("hit_rate", "2 pp", 0.02), ("hit_rate", "0.02", 0.02),
+    ("readiness_wait_ns", "0.2 s", 2e8), ("readiness_wait_ns", "200 ms", 2e8), ("readiness_wait_ns", "2.0e+8", 2e8),
+    ("readiness_wait_ns", "2.0e+8 ns", 2e8), ("client_time_s", "150 ms", 0.15)])
+def test_a_min_effect_is_written_in_the_unit_people_read_or_the_recorded_one(
+        tmp_path: Path, metric: str, written: str, recorded: float) -> None:
+    text = edit("{metric: hit_rate, request: A2, kind: gain, min_effect: 0.02}",
+                f"{{metric: {metric}, request: A2, kind: gain, min_effect: {written}}}")
+    scenario = load_scenario(write(tmp_path, text))
+    check_against(scenario, resolve("flare"))
+    [gain] = [a for a in assertions_for(scenario, resolve("flare")) if a.kind == "gain"]
+    assert gain.min_effect == pytest.approx(recorded)
+
+
+def test_a_margin_is_a_fraction_or_a_per_cent_of_the_baseline(tmp_path: Path) -> None:
+    scenario = load_scenario(write(tmp_path, edit("margin: 0.05}", "margin: 5 %}")))
+    assert [a.margin for a in assertions_for(scenario) if a.kind == "no_regression"] == [pytest.approx(0.05), 0.02]
 
 
 def test_forbidding_prefix_reuse_needs_a_runtime_that_reports_cached_tokens(tmp_path: Path) -> None:
