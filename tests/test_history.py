@@ -28,7 +28,7 @@ from cache_qualify.history import schema
 from cache_qualify.history.series import series_of
 from cache_qualify.history.store import History, default_url
 from cache_qualify.report.render import render_run
-from cache_qualify.samples.records import VerdictRecord
+from cache_qualify.samples.records import BuildRecord, Plan, VerdictRecord
 from cache_qualify.samples.runfolder import write_verdicts
 from tests.support import history_sim
 from tests.support.postgres import Postgres, postgres_server
@@ -322,6 +322,30 @@ def test_plan_sizes_from_the_past_noise_within_runs(tmp_path: Path, capsys: pyte
     assert "known for 0 of 8 assertion(s)" in out["note"] and out["start_time"] is None
     assert main(["plan", "--history", default_url(tmp_path), "--scenario", "long-prompt", "--effect", "0.1"]) == 2
     assert "no trials of scenario 'long-prompt'" in capsys.readouterr().err
+
+
+def test_plan_sizes_each_candidate_of_a_tournament_in_the_history(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Runs of three builds (a baseline and two candidates each): `plan --history` sizes every candidate
+    against the baseline, each from its own starts."""
+    rng = np.random.default_rng(8)
+    means, sds = {"set4": 0.88, "set8": 0.90, "two_choice": 0.93}, {"set4": 0.004, "set8": 0.004, "two_choice": 0.016}
+    folders = []
+    for i in range(3):
+        plan = Plan(run_id=f"t{i}", seed=i, lab="simulated-gb10", baseline="set4", candidates=("set8", "two_choice"),
+                    scenarios=(history_sim.SCENARIO,), created=f"2026-01-0{i + 1}T00:00:00+00:00",
+                    builds={b: BuildRecord(b, "baseline" if b == "set4" else "candidate", ref=f"c{i}") for b in means})
+        starts = {b: [{history_sim.REQUEST: {history_sim.METRIC: float(m + rng.normal(0, sds[b]))}} for _ in range(4)]
+                  for b, m in means.items()}
+        folders.append(history_sim.write_folder(tmp_path, plan, starts))
+    cli(capsys, "history", "import", "--reports-dir", str(tmp_path), *map(str, folders))
+    args = ("plan", "--history", default_url(tmp_path), "--scenario", "reread-1g", "--effect", "0.03")
+    out = json.loads(cli(capsys, *args, "--json"))
+    assert out["baseline"] == "set4" and [c["candidate"] for c in out["candidates"]] == ["set8", "two_choice"]
+    found = [next(s["sd"] for s in c["sizings"] if s["trials_per_build"] is not None) for c in out["candidates"]]
+    assert 2 * found[0] < found[1]   # each candidate's own starts: two_choice's vary four times more
+    text = cli(capsys, *args)
+    assert "## Candidate `set8` against `set4`" in text and "## Candidate `two_choice` against `set4`" in text
 
 
 def test_bad_history_url_is_explained(capsys: pytest.CaptureFixture[str]) -> None:
