@@ -27,6 +27,19 @@ def pytest_collectstart(collector: pytest.Collector) -> None:
         state_of(collector.config)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """An assertion's test is also selected (`-k`) by the id earlier versions gave it, by the recorded
+    quantity's name (``readiness_wait_ns-gain[B-new-start]``)."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        given = params.get("assertion_id")
+        if isinstance(given, str) and given in _RECORDED_IDS:
+            item.extra_keyword_matches.add(_RECORDED_IDS[given])
+
+
+_RECORDED_IDS: dict[str, str] = {}   # an assertion's id -> its id by the recorded quantity's name
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "scenario_name" not in metafunc.fixturenames:
         return
@@ -48,6 +61,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                 for a in assertions_for(scenario, model):
                     read = "bad_starts" if a.kind == "no_excess" else model.quantities[a.metric].per
                     if wanted is None or read == wanted:
+                        _RECORDED_IDS[a.id] = a.recorded_id
                         parts = [scenario.name] * several + [arm] * (len(arms) > 1) + [a.id]
                         params.append(pytest.param(given, arm, a.id, id=":".join(parts),
                                                    marks=pytest.mark.xdist_group(scenario.name)))

@@ -26,13 +26,13 @@ from tests.support.labfixtures import (QualifyRun, committed_inventory, inventor
 pytestmark = pytest.mark.slow
 
 GAINS = ("hit_rate-gain[B-new-start]", "hit_rate-gain[A-third-read]",
-         "readiness_wait_ns-gain[B-new-start]", "readiness_wait_ns-gain[A-third-read]")
+         "readiness_wait-gain[B-new-start]", "readiness_wait-gain[A-third-read]")
 SEED = "7"
 TIMINGS = {"client_time_s", "startup_s"}   # wall-clock figures: the only ones a seed does not fix
 VERDICT_PROPERTIES = {"outcome", "kind", "higher_is_better", "baseline_mean", "candidate_mean", "difference",
                       "null_boundary", "ci_low", "ci_high", "p_value", "p_adjusted", "trials_baseline",
                       "trials_candidate", "unit", "difference_unit"}
-WAITS = ("readiness_wait_ns-gain[B-new-start]", "readiness_wait_ns-gain[A-third-read]")
+WAITS = ("readiness_wait-gain[B-new-start]", "readiness_wait-gain[A-third-read]")
 
 
 def qualify(tmp_path: Path, *args: str, seed: str = SEED, timeout_s: float = 600.0,
@@ -90,7 +90,7 @@ def test_two_choice_beats_set4_at_1g(default_run: QualifyRun) -> None:
     assert (props["unit"], props["difference_unit"], props["null_boundary"]) == ("%", "pp", "2.0")
     assert 80 < float(props["baseline_mean"]) < 93  # the RowCache study's emulation: 85.6 %, measured 87.06 %
     assert float(props["candidate_mean"]) >= 97
-    _, props, _ = case(run, "readiness_wait_ns-gain[B-new-start]")
+    _, props, _ = case(run, "readiness_wait-gain[B-new-start]")
     assert (props["unit"], props["higher_is_better"], float(props["null_boundary"])) == ("s", "False", -0.2)
     assert 1.0 < float(props["baseline_mean"]) < 4.0 and float(props["ci_high"]) < -0.2
     assert case(run, "bad_starts-no_excess[starts]")[0] == "passed"

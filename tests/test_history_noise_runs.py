@@ -41,6 +41,6 @@ def test_a_run_given_history_noise_decides_after_two_blocks_with_the_earlier_run
     assert _starts(reports / "pooled") == {"set4": 2, "two_choice": 2}
     props = {name: {p.get("name"): p.get("value") for p in case.iter("property")}
              for name, case in run.testcases().items()}
-    waits = [p for name, p in props.items() if "readiness_wait_ns-gain" in name]
+    waits = [p for name, p in props.items() if "readiness_wait-gain" in name]
     assert waits and all(p["history_used"] == "True" for p in waits), waits
     assert all(set(earlier) <= set(p["history_runs"].replace("'", "").strip("[]").split(", ")) for p in waits), waits

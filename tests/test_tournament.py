@@ -15,8 +15,8 @@ from cache_qualify.trials.runner import interleave
 from tests.support.labfixtures import QualifyRun, run_qualify, write_inventory
 
 ARMS = ("set4", "set8", "set16", "two_choice", "lru4")
-GAINS = ("hit_rate-gain[B-new-start]", "hit_rate-gain[A-third-read]", "readiness_wait_ns-gain[B-new-start]",
-         "readiness_wait_ns-gain[A-third-read]")
+GAINS = ("hit_rate-gain[B-new-start]", "hit_rate-gain[A-third-read]", "readiness_wait-gain[B-new-start]",
+         "readiness_wait-gain[A-third-read]")
 
 
 def _properties(run: QualifyRun, name: str) -> dict[str, str]:

@@ -81,3 +81,19 @@ def test_an_option_that_cannot_take_effect_is_refused_in_one_line(tmp_path: Path
                      "(mannwhitney) decides with another test; leave out --history-noise, or decide with --test "
                      "welch"], lines
     assert not any(p.is_dir() for p in reports.glob("*")), list(reports.glob("*"))
+
+
+@pytest.mark.parametrize("selected", ["readiness_wait-gain", "readiness_wait_ns-gain"])
+def test_assertions_are_named_without_the_recorded_unit_and_old_names_still_select_them(
+        tmp_path: Path, selected: str) -> None:
+    """The wait's values are shown in seconds, so its id names it without `_ns`; `-k` by the id earlier
+    versions gave it (the recorded quantity's name) selects the same tests."""
+    from tests.support.labfixtures import write_inventory
+
+    inventory = write_inventory(tmp_path)
+    status, lines = pytest_run("qualify", "--hosts", str(inventory), "--reports-dir", str(tmp_path / "reports"),
+                               "--collect-only", "-q", "-k", selected, cwd=REPO)
+    assert status == 0, lines
+    assert [line for line in lines if "::" in line] == [
+        "qualify/test_row_cache.py::test_row_cache[readiness_wait-gain[B-new-start]]",
+        "qualify/test_row_cache.py::test_row_cache[readiness_wait-gain[A-third-read]]"], lines
