@@ -1,0 +1,66 @@
+"""One verdict record: verdicts.json, JUnit's properties and the history's verdict rows are renderings of
+`VerdictRecord`, each field saying where it is shown (`Figure`), so none can lose a figure the others have."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import sqlalchemy as sa
+
+from cache_qualify.gate import junit_figures
+from cache_qualify.history import schema
+from cache_qualify.history.rows import verdict_row
+from cache_qualify.samples.records import VerdictRecord, figures
+from cache_qualify.stats.assertion import Assertion
+from cache_qualify.stats.verdict import evaluate
+from cache_qualify.units import unit
+
+WAIT = Assertion("readiness_wait_ns", "B-new-start", "gain", False, min_effect=5e7, unit="ns")
+PER_START = {"baseline", "candidate", "flagged_starts", "extra"}   # the history keeps these in tables of their own
+
+
+def _record() -> VerdictRecord:
+    rng = np.random.default_rng(2)
+    base, cand = 2.0e9 + rng.normal(0, 2e7, 8), 1.8e9 + rng.normal(0, 2e7, 8)
+    [verdict] = evaluate([WAIT], {WAIT.id: (base, cand)}, alpha=0.01)
+    return verdict.record("two_choice")
+
+
+def test_every_field_of_the_record_says_where_it_is_shown() -> None:
+    shown = {name for name, _ in figures()}
+    assert {f.name for f in fields(VerdictRecord)} - shown == PER_START
+    assert {name for name, how in figures() if how.in_unit} <= {name for name, how in figures() if how.junit
+                                                                or how.history}
+
+
+def test_verdicts_json_and_junit_show_the_same_figures(tmp_path: Path) -> None:
+    record = _record()
+    written = json.loads(json.dumps(record.to_json(), allow_nan=False))
+    assert VerdictRecord.from_json(written, path="verdicts.json") == record   # read back as written
+    shown = junit_figures(record)
+    ns = unit("ns")
+    expected = {name for name, how in figures() if how.junit and not how.with_history}   # no history noise here
+    assert set(shown) == expected | {"unit", "difference_unit"}
+    for name, how in figures():
+        if name in expected:
+            value = written[name]
+            assert shown[name] == (ns.to_shown(value) if how.in_unit and isinstance(value, float) else value), name
+    assert shown["unit"] == ns.shown and record.outcome == "pass"
+
+
+def test_the_history_keeps_every_figure_it_lists(tmp_path: Path) -> None:
+    record = _record()
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    with engine.begin() as conn:
+        schema.metadata.create_all(conn)
+        conn.execute(schema.verdicts.insert(), [verdict_row("r1", "reread-1g", record)])
+        (row,) = conn.execute(sa.select(schema.verdicts)).mappings().all()
+    engine.dispose()
+    kept = {how.column or name: name for name, how in figures() if how.history}
+    assert set(row) == {"run_id", "scenario", *kept}
+    for column, name in kept.items():
+        value = getattr(record, name)
+        assert row[column] == (list(value) if isinstance(value, tuple) else value), column
