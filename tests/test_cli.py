@@ -43,3 +43,11 @@ def test_no_library_module_adds_a_subcommand() -> None:
         found += [f"{path.relative_to(PACKAGE)}:{node.lineno}" for node in ast.walk(tree)
                   if isinstance(node, ast.Attribute) and node.attr == "add_parser"]
     assert not found, "subcommands added outside cache_qualify.cli: " + ", ".join(found)
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit, match=r"^0$"):
+        main(["--version"])
+    assert capsys.readouterr().out == f"cache-qualify {version('cache-qualify')}\n"

@@ -13,6 +13,8 @@ the SVG coordinates of the points, the links and the filter.
 from __future__ import annotations
 
 import re
+import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -99,7 +101,7 @@ def shown(trend: dict[str, Any], y: float) -> float:
 
 
 def summary_uri(reports: Path, run_id: str) -> str:
-    return (reports / run_id / "summary.md").resolve().as_uri()
+    return (reports / run_id / "summary.html").resolve().as_uri()
 
 
 def test_waits_in_seconds_refs_on_the_axis_and_links_to_summaries(page: Any, reports: Path) -> None:
@@ -130,8 +132,8 @@ def test_waits_in_seconds_refs_on_the_axis_and_links_to_summaries(page: Any, rep
     every = [*run_ids, "llama000", "llama001"]
     assert rows == [[r, summary_uri(reports, r)] for r in every]
     page.find_element("css selector", f'#runs tr[data-run="lab{BAD_RUN:03d}"] a.summary').click()
-    assert unquote(urlparse(page.current_url).path) == str((reports / f"lab{BAD_RUN:03d}" / "summary.md").resolve())
-    assert f"# cache-qualify run `lab{BAD_RUN:03d}`" in page.find_element("tag name", "body").text
+    assert unquote(urlparse(page.current_url).path) == str((reports / f"lab{BAD_RUN:03d}" / "summary.html").resolve())
+    assert f"cache-qualify run lab{BAD_RUN:03d}: " in page.find_element("tag name", "h1").text
 
 
 def test_every_metric_in_its_unit_whatever_the_runtime(page: Any) -> None:
@@ -232,5 +234,23 @@ def test_page_outside_the_reports_links_where_the_runs_recorded_their_summaries(
     capsys.readouterr()
     text = (tmp_path / "index.html").read_text(encoding="utf-8")
     for run in ("lab000", "llama001"):
-        assert f'<a class="summary" href="{summary_uri(reports, run)}">{run}</a>' in text
-    assert "../lab000/summary.md" not in text
+        recorded = (reports / run / "summary.md").resolve().as_uri()
+        assert f'<a class="summary" href="{recorded}">{run}</a>' in text
+    assert "../lab000/summary" not in text
+
+
+def test_a_page_in_the_reports_folder_survives_publishing_it(reports: Path, tmp_path: Path) -> None:
+    """Every link of the page is relative and still resolves once the reports folder is copied elsewhere
+    (served by a web server, say): summaries as HTML, folders, each file readable by others."""
+    published = tmp_path / "published"
+    shutil.copytree(reports, published)
+    text = (published / "history" / "index.html").read_text(encoding="utf-8")
+    links = re.findall(r'<a class="(summary|folder)" href="([^"]*)"', text)
+    assert {kind for kind, _ in links} == {"summary", "folder"} and len(links) == 2 * (RUNS + 2), links
+    for kind, href in links:
+        assert "://" not in href and not href.startswith("/"), href
+        target = (published / "history" / unquote(href)).resolve()
+        assert target.is_relative_to(published.resolve()), href
+        assert target.is_file() and target.name == "summary.html" if kind == "summary" else target.is_dir(), href
+    for path in [published / "history" / "index.html", *published.glob("*/summary.*"), *published.glob("*/plan.json")]:
+        assert stat.S_IMODE(path.stat().st_mode) & stat.S_IROTH, path

@@ -85,9 +85,9 @@ MALFORMED: list[tuple[str, str, str, str, int | None]] = [
      r"hosts\[1\]\.port: .*less than or equal to 65535, found 70000", 12),
     ("port-bool", "port: 2022", "port: yes", r"hosts\[1\]\.port: expected an integer.*True", 12),
     ("unknown-build", "baseline: set4", "baseline: set5",
-     r":21: baseline: unknown build 'set5'; known builds: set4, two_choice", 21),
+     r":21: baseline: unknown build 'set5' \(did you mean 'set4'\?\); known builds: set4, two_choice", 21),
     ("unknown-candidate", "candidate: two_choice", "candidate: twochoice",
-     r"candidate: unknown build 'twochoice'; known builds: set4, two_choice", 22),
+     r"candidate: unknown build 'twochoice' \(did you mean 'two_choice'\?\); known builds: set4, two_choice", 22),
     ("duplicate-rank", "rank: 1", "rank: 0",
      r"hosts\[1\]\.rank: duplicate rank 0 in group 'default': already used by a; expected ranks "
      r"0\.\.1 without duplicates", 13),
@@ -218,7 +218,7 @@ def test_candidate_list_in_the_file_and_on_the_command_line(tmp_path: Path) -> N
     assert load_inventory(write(tmp_path, BASE, "one.yaml")).candidates == ("two_choice",)
     with pytest.raises(InventoryError, match=r"--candidate: build 'lru4' is named twice; each candidate runs once"):
         load_inventory(path, candidate="lru4,two_choice,lru4")
-    with pytest.raises(InventoryError, match=r"--candidate: unknown build 'set8'; known builds: lru4, set4"):
+    with pytest.raises(InventoryError, match=r"--candidate: unknown build 'set8' \(did you mean 'set4'\?\); known builds: lru4, set4"):
         load_inventory(path, candidate="lru4,set8")
     twice = write(tmp_path, text.replace("candidate: [two_choice, lru4]", "candidate: [lru4, lru4]"), "twice.yaml")
     with pytest.raises(InventoryError, match=r"twice.yaml:23: candidate\[1\]: build 'lru4' is named twice"):
@@ -572,3 +572,9 @@ def test_the_default_drop_needs_no_sudo_as_root_and_asks_sudo_n_otherwise() -> N
                                     DEFAULT_DROP_CACHES], env=env, capture_output=True, text=True)
         assert as_nobody.returncode != 0 and "a password is required" in as_nobody.stderr
         assert calls.read_text(encoding="utf-8") == "-n tee /proc/sys/vm/drop_caches\n"
+
+
+def test_a_misspelt_build_on_the_command_line_gets_a_suggestion() -> None:
+    with pytest.raises(InventoryError, match=r"--candidate: unknown build 'two_chioce' \(did you mean 'two_choice'\?\); "
+                                             r"known builds: "):
+        load_inventory(REPO / "hosts.yaml", candidate="two_chioce")

@@ -103,9 +103,13 @@ def test_a_wait_says_whom_it_waits_for_and_how_long_it_has(
     monkeypatch.setattr(locks, "WAIT_SHOWN_EVERY_S", 0.2)
     shown: list[str] = []
     first = HostLock.acquire(any_transport, path=str(lock_path), holder=Holder.current("run-1"))
-    threading.Timer(1.5, first.release).start()
-    with HostLock.acquire(other, path=str(lock_path), holder=Holder.current("run-2"), wait_s=20,
-                          on_wait=shown.append):
+
+    def on_wait(line: str) -> None:
+        if not shown:  # released once the waiter has said whom it waits for (a loaded host is slow to say)
+            threading.Timer(1.5, first.release).start()
+        shown.append(line)
+
+    with HostLock.acquire(other, path=str(lock_path), holder=Holder.current("run-2"), wait_s=20, on_wait=on_wait):
         pass
     who = rf"user {re.escape(getpass.getuser())} on runner \S+ \(run run-1, pid {os.getpid()}\) since \S+Z"
     assert re.fullmatch(rf"host h1: waiting up to 20 s \(--lock-wait\) for the lock held by {who}", shown[0]), shown

@@ -59,7 +59,7 @@ def test_malformed_inventory_is_a_usage_error_naming_file_line_and_field(tmp_pat
 def test_unknown_candidate_lists_the_builds(tmp_path: Path) -> None:
     proc = pytest_cli("qualify", "--hosts", "hosts.yaml", "--candidate", "set5", "--reports-dir", str(tmp_path))
     assert proc.returncode == 4
-    assert "unknown build 'set5'; known builds: " in proc.stderr and "two_choice" in proc.stderr
+    assert "unknown build 'set5' (did you mean 'set4'?); known builds: " in proc.stderr and "two_choice" in proc.stderr
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import signal
 import subprocess
 import xml.etree.ElementTree as ET
@@ -72,6 +73,10 @@ def interrupt_and_resume(tmp_path: Path, stop: signal.Signals) -> None:
         assert (run_dir / "summary.md").is_file() and (run_dir / "junit.xml").is_file(), output
         summary = (run_dir / "summary.md").read_text(encoding="utf-8")
         assert summary.startswith(f"# cache-qualify run `{RUN_ID}`") and "### Trials" in summary, summary
+        # the cancel says how to continue: the command as typed, with --resume instead of its --run-id
+        resume = f"--hosts {inventory} --reports-dir {reports}"
+        assert f"Cancelled (exit status 2); continue it with `pytest qualify {resume}" in summary, summary
+        assert re.search(rf"^continue with: pytest qualify {re.escape(resume)} .*--resume {RUN_ID}$", output, re.M), output
         cases = {case.get("name") for case in ET.parse(run_dir / "junit.xml").getroot().iter("testcase")}
         assert "test_reachable[gb10-a]" in cases, cases  # the tests run before the cancel are in JUnit
         assert list((tmp_path / "on-hosts").glob("*/*.pgid")) == [], "a process-group record outlived the stop"

@@ -214,7 +214,8 @@ def test_all_shipped_scenarios_load_and_fit_the_default_corpus() -> None:
 
 RUNTIME_PROBLEMS = [
     ("unknown", "{metric: hit_rate, request: A,", "{metric: hitrate, request: A,",
-     r"expectations\[1\]\.metric: runtime flare does not export 'hitrate'; it exports: hits, misses, "
+     r"expectations\[1\]\.metric: runtime flare does not export 'hitrate' \(did you mean 'hit_rate'\?\); it "
+     r"exports: hits, misses, "
      r"evictions, .*readiness_wait_ns, client_time_s, kv_pages, startup_s$"),
     ("no-direction", "{metric: hit_rate, request: A, kind: no_regression, margin: 0.05}",
      "{metric: capacity_rows, request: A, kind: no_regression, margin: 0.05}",

@@ -298,17 +298,31 @@ def test_unreachable_address_names_host_address_and_cause(
         transport.run("true")
 
 
-def test_a_server_that_is_not_ssh_is_reported(sshd_lab: SshdLab, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("says", "why"), [
+    (b"HTTP/1.1 400 Bad Request\r\n\r\n", r"it answered 'HTTP/1\.1 400 Bad Request' \(an SSH server answers SSH-2\.0-\.\.\.\)"),
+    (None, r"it answered TCP but said nothing within 1 s \(an SSH server speaks first\)"),
+])
+def test_a_server_that_is_not_ssh_is_one_line_naming_host_port_and_what_answered(
+        sshd_lab: SshdLab, tmp_path: Path, caplog: pytest.LogCaptureFixture, says: bytes | None, why: str) -> None:
     with socket.socket() as listener:
         listener.bind(("127.0.0.98", 0))
         listener.listen()
         port = listener.getsockname()[1]
         options = sshd_lab.options(tmp_path / "kh", connect_timeout_s=1.0)
-        threading.Thread(target=lambda: listener.accept()[0].sendall(b"HTTP/1.1 400\r\n"),
-                         daemon=True).start()
-        with pytest.raises(HostUnreachable, match=rf"^host h1: cannot connect to "
-                                                  rf".*:{port}: .*SSH protocol banner"):
+        accepted: list[socket.socket] = []
+
+        def answer() -> None:
+            accepted.append(listener.accept()[0])
+            if says is not None:
+                accepted[0].sendall(says)
+
+        threading.Thread(target=answer, daemon=True).start()
+        with caplog.at_level(logging.DEBUG), \
+                pytest.raises(HostUnreachable, match=rf"^host h1: .*@127\.0\.0\.98:{port} is not an SSH server: {why}$"):
             SshTransport("h1", "127.0.0.98", port, options=options).run("true")
+        for sock in accepted:
+            sock.close()
+    assert [r for r in caplog.records if r.name.startswith("paramiko") and r.levelno >= logging.ERROR] == []
 
 
 def test_refused_key_names_the_user_and_the_keys_tried(

@@ -1,0 +1,88 @@
+"""A run that measured nothing says what happened: the lock and its holder instead of "valid
+measurements", no history point; one that ended before any qualification test (--collect-only, -k
+selecting none, only the preflight) prints one line and leaves no run folder."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from cache_qualify.lab.control import host_dir
+from cache_qualify.config.inventory import load_inventory
+from cache_qualify.lab.locks import Holder, HostLock
+from cache_qualify.lab.transport import LocalTransport
+from cache_qualify.report.stopped import resume_command, why_undecided
+from cache_qualify.samples.records import Plan, RunOutcome, ScenarioOutcome
+from tests.support.labfixtures import run_qualify, write_inventory
+
+
+def section(output: str) -> list[str]:
+    """The lines of the terminal's cache-qualify section (without pytest's own last line under -q)."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if " cache-qualify " in line and line.startswith("="))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("=")), len(lines))
+    return [line for line in lines[start + 1:end] if not re.match(r"\d+ (passed|deselected|tests? collected)", line)]
+
+
+@pytest.mark.slow
+def test_a_run_that_met_a_held_lock_names_it_and_is_no_history_point(tmp_path: Path) -> None:
+    inventory = write_inventory(tmp_path)
+    loaded = load_inventory(inventory)
+    host = loaded.hosts[0]
+    directory = Path(host_dir(loaded, host))
+    directory.mkdir(parents=True)
+    holder = Holder(user="alice", runner_host="runner-9", run_id="run-of-alice", since="2026-03-01T12:00:00Z",
+                    pid=4242)
+    with LocalTransport(host.name) as transport, \
+            HostLock.acquire(transport, path=str(directory / "lock"), holder=holder):
+        run = run_qualify(inventory, tmp_path / "reports", "--run-id", "locked")
+    assert run.returncode == 1, run.output
+    held = "the lock " + str(directory / "lock") + " is held by user alice on runner runner-9 (run run-of-alice"
+    tail = section(run.output)
+    assert tail[0].startswith("INCONCLUSIVE  reread-1g: no verdict  the qualification could not run: LockHeld: "
+                              f"host {host.name}: {held}"), tail
+    assert "--lock-wait SECONDS waits for it" in tail[0]
+    assert any(line.endswith("history.sqlite: not recorded (nothing was measured)") for line in tail), tail
+    summary = (run.run_dir() / "summary.md").read_text(encoding="utf-8")
+    assert f"**Nothing was measured**: the qualification could not run: LockHeld: host {host.name}: {held}" in summary
+    assert "No trial ran." in summary and "valid measurements" not in summary
+    with sqlite3.connect(tmp_path / "reports" / "history.sqlite") as db:
+        tables = {name for (name,) in db.execute("select name from sqlite_master where type='table'")}
+        assert "runs" not in tables or list(db.execute("select run_id from runs")) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("options", "why"), [
+    (["--collect-only"], "--collect-only"),
+    (["-k", "nomatch"], "no qualification test was selected"),
+    (["-m", "qualify_preflight"], "no qualification test was selected (the preflight ran)"),
+])
+def test_a_run_that_ends_before_any_trial_prints_one_line_and_leaves_no_folder(
+        tmp_path: Path, options: list[str], why: str) -> None:
+    inventory = write_inventory(tmp_path)
+    reports = tmp_path / "reports"
+    run = run_qualify(inventory, reports, *options)
+    assert run.returncode in (0, 5), run.output
+    assert section(run.output) == [f"nothing measured: {why}; no run folder kept"], run.output
+    assert not reports.exists() or not [p for p in reports.iterdir() if p.is_dir()], list(reports.iterdir())
+    assert "could not be rendered" not in run.output and "--resume" not in run.output
+
+
+def test_why_undecided_says_cancelled_then_the_scenarios_problem_then_the_runs() -> None:
+    lock = "the qualification could not run: LockHeld: host h: the lock /l is held by x; gave up at once."
+    scenario = ScenarioOutcome("s", "inconclusive", problems=(lock,))
+    outcome = RunOutcome("inconclusive", 1, scenarios=(scenario,), errors=("test_a failed: why", lock))
+    assert why_undecided(outcome) == why_undecided(outcome, "s") == lock.rstrip(".")
+    assert why_undecided(RunOutcome("inconclusive", 1, errors=("test_ssh[h] failed: refused",))) == \
+        "test_ssh[h] failed: refused"
+    assert why_undecided(RunOutcome("inconclusive", 2, scenarios=(scenario,))) == "the run was cancelled (exit status 2)"
+    assert why_undecided(RunOutcome("inconclusive", 1)) == "the run stopped before the first look"
+
+
+def test_the_resume_command_is_the_first_one_continued() -> None:
+    plan = Plan(run_id="r1", seed=1, command=("pytest", "qualify", "--hosts", "my lab.yaml", "--run-id", "r1",
+                                              "--trials=4", "--run-id=r1"))
+    assert resume_command(plan) == "pytest qualify --hosts 'my lab.yaml' --trials=4 --resume r1"
