@@ -10,16 +10,16 @@ serving a seeded random-weight model of one layer (`tests.support.tiny_model`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 
-from cache_qualify.lab.control import free_port
+from tests.support.examples import adapt_example, outcomes, ssh_edits
 from tests.support.labfixtures import REPO, QualifyRun, run_qualify
-from tests.support.llama_server import _worker_address, llama_server_binary
+from tests.support.llama_server import llama_server_binary
 from tests.support.tiny_model import TinyModel, make_tiny_model
 
 if TYPE_CHECKING:
@@ -32,9 +32,6 @@ RESEND = REPO / "examples" / "llama-cpp-resend.yaml"
 SHIFTED = REPO / "examples" / "llama-cpp-shifted.yaml"
 EXAMPLE_MODEL = "/srv/models/model.gguf"
 EXAMPLE_BINARY = "/opt/llama.cpp/build/bin/llama-server"
-# the test machine's page cache is shared by every test running beside these: the drop is run and
-# checked before every start, and leaves the cache alone (the default drop is tested on its own)
-NO_DROP = "echo 'test lab: page cache left in place'"
 # a pass that must hold on a loaded 2-core machine: one slow start of the real server there (its
 # prompt time a second or more above the others) is honest data, and widened the prompt-time gain's
 # spread so far that the example's ten blocks left it inconclusive (p 0.0067 against 0.0045); up
@@ -54,28 +51,11 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     return make_tiny_model(tmp_path_factory.mktemp("llama-model"))
 
 
-def example_inventory(binary: Path, model: TinyModel, folder: Path, *, builds: Mapping[str, Any] | None = None,
-                      host: Mapping[str, Any] | None = None, ssh: Mapping[str, Any] | None = None,
-                      **top: Any) -> Path:
+def example_inventory(binary: Path, model: TinyModel, folder: Path, **edits: Any) -> Path:
     """examples/llama-cpp.yaml as a lab runner would adapt it: the built binary and the tiny model in
     place of the example's paths, a free port, one compute thread (the tests share two cores)."""
-    data = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
-    address = _worker_address()
-    server = data["server"]
-    assert EXAMPLE_MODEL in server["command"]
-    server.update(command=server["command"].replace(EXAMPLE_MODEL, str(model.path)) + " -t 1",
-                  http_port=free_port([address]), run_dir=str(folder / "on-host"), drop_caches=NO_DROP)
-    data["hosts"] = [{**data["hosts"][0], "address": address, **(host or {})}]
-    for build in data["builds"].values():
-        assert build["path"] == EXAMPLE_BINARY
-        build["path"] = str(binary)
-    data["builds"].update({name: {"path": str(binary), **spec} for name, spec in (builds or {}).items()})
-    if ssh is not None:
-        data["ssh"] = dict(ssh)
-    data.update(top)
-    path = folder / "llama-cpp.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    return path
+    return adapt_example(EXAMPLE, folder, program=(EXAMPLE_BINARY, binary), model=(EXAMPLE_MODEL, model.path),
+                         command_suffix=" -t 1", **edits)
 
 
 @pytest.fixture
@@ -87,15 +67,6 @@ def inventory(binary: Path, model: TinyModel, tmp_path: Path) -> Inventory:
 
 def qualify(inventory: Path, tmp_path: Path, scenario: Path, *args: str) -> QualifyRun:
     return run_qualify(inventory, tmp_path / "reports", "--scenario", str(scenario), *args, timeout_s=600)
-
-
-def outcomes(run: QualifyRun) -> dict[str, str]:
-    """Each test case's outcome: passed, failed or skipped."""
-    result = {}
-    for name, case in run.testcases().items():
-        failed = case.find("failure") is not None or case.find("error") is not None
-        result[name] = "failed" if failed else "skipped" if case.find("skipped") is not None else "passed"
-    return result
 
 
 def trials(run: QualifyRun) -> list[dict[str, str]]:
@@ -188,10 +159,7 @@ def test_a_scenario_asserting_what_llama_server_does_not_export_is_refused_befor
 @pytest.fixture
 def over_ssh(sshd_lab: SshdLab, sshd_host: SshdInstance, inventory: Inventory, tmp_path: Path) -> Path:
     """The example inventory with its host reached over a real sshd whose key is in a strict known_hosts."""
-    known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts", sshd_host)
-    return inventory(host={"address": sshd_host.address, "port": sshd_host.port, "transport": "ssh"},
-                     ssh={"user": sshd_lab.user, "identity_file": str(sshd_lab.client_key), "use_agent": False,
-                          "known_hosts": [str(known_hosts)], "host_key_policy": "strict", "ssh_config": None})
+    return inventory(**ssh_edits(sshd_lab, sshd_host, tmp_path))
 
 
 @pytest.mark.sshd

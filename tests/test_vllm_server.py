@@ -22,8 +22,7 @@ import pytest
 
 from cache_qualify.trials.measure import parse_metrics
 from tests.support.llama_server import LlamaServer
-from tests.support.vllm_server import MODEL_NAME, group_alive, make_tiny_llama, start_vllm_server, stop_group, \
-    vllm_python
+from tests.support.vllm_server import MODEL_NAME, group_alive, start_vllm_server, stop_group, vllm  # noqa: F401
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm")]
@@ -69,19 +68,9 @@ def serve(server: LlamaServer) -> Served:
 
 
 @pytest.fixture(scope="module")
-def python() -> Path:
-    return vllm_python()
-
-
-@pytest.fixture(scope="module")
-def model(python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_llama(python, tmp_path_factory.mktemp("vllm-model"))
-
-
-@pytest.fixture(scope="module")
-def caching_on(python: Path, model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def caching_on(vllm: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     log = tmp_path_factory.mktemp("vllm-on") / "server.log"
-    server = start_vllm_server(python, model, log, ["--enable-prefix-caching", "--enable-prompt-tokens-details"])
+    server = start_vllm_server(*vllm, log, ["--enable-prefix-caching", "--enable-prompt-tokens-details"])
     try:
         yield serve(server)
     finally:
@@ -89,9 +78,9 @@ def caching_on(python: Path, model: Path, tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.fixture(scope="module")
-def caching_off(python: Path, model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def caching_off(vllm: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     log = tmp_path_factory.mktemp("vllm-off") / "server.log"
-    server = start_vllm_server(python, model, log, ["--no-enable-prefix-caching"])
+    server = start_vllm_server(*vllm, log, ["--no-enable-prefix-caching"])
     try:
         yield serve(server)
     finally:

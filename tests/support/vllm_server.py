@@ -31,8 +31,10 @@ READY_TIMEOUT_S = 300.0
 MODEL_NAME = "tiny-llama"
 MAX_MODEL_LEN = 8192
 KV_BYTES = 1 << 30   # 1 GiB: 2,097,152 tokens of the tiny model
-# the server's environment: no hub, no usage reports
-ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
+# the server's environment: no hub, no usage reports, and its compute thread not pinned to core 0
+# (its default), where every other start on a shared machine would pin its own too
+ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1",
+       "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 # the CPU build's own KV setting overrides --kv-cache-memory-bytes: never passed on
 KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
@@ -58,6 +60,13 @@ def vllm_python() -> Path:
         return vllm_build.ensure_installed()
     except vllm_build.InstallFailed as exc:
         pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The installed vLLM's python and the tiny model, made once for the session."""
+    python = vllm_python()
+    return python, make_tiny_llama(python, tmp_path_factory.mktemp("vllm-model"))
 
 
 def make_tiny_llama(python: Path, folder: Path, *, seed: int = 0) -> Path:

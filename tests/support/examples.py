@@ -1,0 +1,68 @@
+"""A committed example inventory adapted as a lab runner would, for the end-to-end tests of real servers.
+
+`adapt_example` puts the test's server program and model in place of the example's paths, a free
+port, a run folder under the test's, the test's host edits (an sshd's address) and builds;
+`outcomes` reads each test case's outcome from a run's JUnit file; `ssh_edits` are the host and
+`ssh:` settings that reach a real sshd with a strict known_hosts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from cache_qualify.lab.control import free_port
+from tests.support.labfixtures import QualifyRun
+from tests.support.llama_server import _worker_address
+
+if TYPE_CHECKING:
+    from tests.support.sshd import SshdInstance, SshdLab
+
+# the test machine's page cache is shared by every test running beside these: the drop is run and
+# checked before every start, and leaves the cache alone (the default drop is tested on its own)
+NO_DROP = "echo 'test lab: page cache left in place'"
+
+
+def adapt_example(example: Path, folder: Path, *, program: tuple[str, Path], model: tuple[str, Path],
+                  command_suffix: str = "", builds: Mapping[str, Any] | None = None,
+                  host: Mapping[str, Any] | None = None, ssh: Mapping[str, Any] | None = None,
+                  **top: Any) -> Path:
+    """`example` with every build's path `program[0]` replaced by `program[1]`, `model[0]` in the
+    server's command by `model[1]` (then `command_suffix` added), written to `folder`."""
+    data = yaml.safe_load(example.read_text(encoding="utf-8"))
+    address = _worker_address()
+    server = data["server"]
+    assert model[0] in server["command"]
+    server.update(command=server["command"].replace(model[0], str(model[1])) + command_suffix,
+                  http_port=free_port([address]), run_dir=str(folder / "on-host"), drop_caches=NO_DROP)
+    data["hosts"] = [{**data["hosts"][0], "address": address, **(host or {})}]
+    for build in data["builds"].values():
+        assert build["path"] == program[0]
+        build["path"] = str(program[1])
+    data["builds"].update({name: {"path": str(program[1]), **spec} for name, spec in (builds or {}).items()})
+    if ssh is not None:
+        data["ssh"] = dict(ssh)
+    data.update(top)
+    path = folder / example.name
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def outcomes(run: QualifyRun) -> dict[str, str]:
+    """Each test case's outcome: passed, failed or skipped."""
+    result = {}
+    for name, case in run.testcases().items():
+        failed = case.find("failure") is not None or case.find("error") is not None
+        result[name] = "failed" if failed else "skipped" if case.find("skipped") is not None else "passed"
+    return result
+
+
+def ssh_edits(sshd_lab: SshdLab, sshd_host: SshdInstance, folder: Path) -> dict[str, Any]:
+    """`host` and `ssh` edits of `adapt_example` reaching `sshd_host` with strict host keys."""
+    known_hosts = sshd_lab.known_hosts(folder / "known_hosts", sshd_host)
+    return {"host": {"address": sshd_host.address, "port": sshd_host.port, "transport": "ssh"},
+            "ssh": {"user": sshd_lab.user, "identity_file": str(sshd_lab.client_key), "use_agent": False,
+                    "known_hosts": [str(known_hosts)], "host_key_policy": "strict", "ssh_config": None}}
