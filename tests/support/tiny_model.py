@@ -106,3 +106,24 @@ def make_tiny_model(folder: Path, *, seed: int = 0, context: int = CONTEXT) -> T
     writer.write_tensors_to_file()
     writer.close()
     return TinyModel(path=path, seed=seed, context=context)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tests.support.tiny_model PATH [--seed N]`: write the tiny model to PATH (a .gguf file),
+    e.g. the model examples/llama-cpp.yaml serves: ``python -m tests.support.tiny_model /srv/models/model.gguf``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.support.tiny_model", description=main.__doc__)
+    parser.add_argument("path", type=Path, help="the .gguf file to write (its folder is made)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights (default 0): a seed makes the same file")
+    args = parser.parse_args(argv)
+    args.path.parent.mkdir(parents=True, exist_ok=True)
+    model = make_tiny_model(args.path.parent, seed=args.seed)
+    if model.path != args.path:
+        model.path.replace(args.path)
+    print(f"{args.path}: tiny llama model, seed {args.seed}, {N_VOCAB} pieces, context {CONTEXT}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
