@@ -67,8 +67,9 @@ def qualify(inventory: Path, tmp_path: Path, *args: str) -> QualifyRun:
 
 
 def verdicts(run: QualifyRun, arm: str) -> dict[str, dict[str, Any]]:
+    """The verdicts of candidate `arm`, by (metric, request)."""
     listed = json.loads((run.run_dir() / "verdicts-vllm-resend.json").read_text(encoding="utf-8"))
-    return {v["id"]: v for v in listed if v["arm"] == arm}
+    return {f"{v['metric']}[{v['request']}]": v for v in listed if v["arm"] == arm}
 
 
 def check_prefill_gain(run: QualifyRun, arm: str) -> None:
@@ -76,7 +77,7 @@ def check_prefill_gain(run: QualifyRun, arm: str) -> None:
     (a 2-core machine at a load average of 15 gave the baseline 0.4 s to 2.8 s), the candidate's time
     is below the baseline's in every block: never shown absent."""
     for request in ("A-again", "B-again"):
-        verdict = verdicts(run, arm)[f"prefill_time_s-gain[{request}]"]
+        verdict = verdicts(run, arm)[f"prefill_time_s[{request}]"]
         if verdict["outcome"] != "pass":
             pairs = list(zip(verdict["baseline"], verdict["candidate"], strict=True))
             assert pairs and all(candidate < baseline for baseline, candidate in pairs), verdict["reason"]
@@ -104,11 +105,10 @@ def tournament(vllm: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
 
 def test_prefix_caching_passes_the_hit_rate_and_prefill_time_gains(tournament: QualifyRun) -> None:
     assert tournament.returncode == 1, tournament.output   # the A/A and the half KV cache fail, as they must
-    seen = outcomes(tournament)
-    for gain in ("hit_rate-gain[A-again]", "hit_rate-gain[B-again]"):
-        assert seen[f"test_row_cache[prefix-caching:{gain}]"] == "passed", tournament.output
+    got = verdicts(tournament, "prefix-caching")
+    for name in ("hit_rate[A-again]", "hit_rate[B-again]", "kv_pages[startup]"):
+        assert got[name]["outcome"] == "pass", got[name]["reason"]
     check_prefill_gain(tournament, "prefix-caching")
-    assert seen["test_kv_pages[prefix-caching:kv_pages-no_regression[startup]]"] == "passed"
     # measured, never voided; no figure NaN
     assert {t["outcome"] for t in rows(tournament, "trials.csv")} == {"ok"}
     values = [float(r["value"]) for r in rows(tournament, "samples.csv") if r["value"] not in ("",)]
@@ -121,15 +121,15 @@ def test_prefix_caching_passes_the_hit_rate_and_prefill_time_gains(tournament: Q
 
 
 def test_the_baseline_against_itself_passes_no_gain(tournament: QualifyRun) -> None:
-    seen = outcomes(tournament)
-    gains = [name for name in seen if name.startswith("test_row_cache[no-prefix-caching-again:")]
-    assert len(gains) == 4 and all(seen[name] == "failed" for name in gains), seen
+    got = verdicts(tournament, "no-prefix-caching-again")
+    gains = [v for v in got.values() if v["kind"] == "gain"]
+    assert len(gains) == 4 and all(v["outcome"] != "pass" for v in gains), got
+    assert "failed" in outcomes(tournament).values()
 
 
 def test_half_the_kv_cache_fails_kv_non_regression(tournament: QualifyRun) -> None:
-    case = tournament.testcases()["test_kv_pages[prefix-caching-32-half-kv:kv_pages-no_regression[startup]]"]
-    failure = case.find("failure")
-    assert failure is not None, tournament.output
+    kv = verdicts(tournament, "prefix-caching-32-half-kv")["kv_pages[startup]"]
+    assert kv["outcome"] == "fail", kv["reason"]
     assert set(samples_of(tournament, "kv_pages", "prefix-caching-32-half-kv")) == {1_048_576}
     assert set(samples_of(tournament, "kv_pages", "no-prefix-caching")) == {2_097_152}
 
