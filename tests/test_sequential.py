@@ -94,7 +94,7 @@ def test_interim_look_continues_and_carry_keeps_decided_verdicts() -> None:
     assert "more trials follow" in undecided[0].reason and undecided[0].trials_needed is None
     failed = _verdicts(-0.004, 4, look=2, looks=looks)
     assert failed[0].outcome == "fail" and decided(failed)
-    assert "shown below the minimum effect 0" in failed[0].reason
+    assert "a regression is shown, not any gain" in failed[0].reason
     later = _verdicts(0.02, 5, look=3, looks=looks)
     assert later[0].outcome == "pass"
     assert carry(failed, later) == failed  # a decided verdict stays decided

@@ -43,14 +43,16 @@ def start_build(lab: Lab, build: str, flags: tuple[str, ...] = FLAGS) -> ServerG
     return server
 
 
-def kv_pages_of_a_start(inventory: Inventory) -> dict[str, int]:
-    """Start set4 on every host, read each rank's KV pages, stop."""
+def kv_pages_of_a_start(inventory: Inventory) -> tuple[dict[str, int], int]:
+    """Start set4 on every host, read each rank's KV pages, stop; the pages and the port the ranks served."""
     with open_lab(inventory) as lab:
         server = start_build(lab, "set4")
         try:
             server.wait_ready()
-            assert len(sim_processes(inventory.server.http_port)) == 3
-            return {host: int(pages) for host, pages in read_start(server, inventory.measurement)["kv_pages"].items()}
+            # the lab's port: the committed inventory's http_port 0 is picked when the lab opens
+            assert len(sim_processes(lab.inventory.server.http_port)) == 3
+            pages = read_start(server, inventory.measurement)["kv_pages"].items()
+            return {host: int(n) for host, n in pages}, lab.inventory.server.http_port
         finally:
             server.stop()
             server.close()
@@ -59,8 +61,8 @@ def kv_pages_of_a_start(inventory: Inventory) -> dict[str, int]:
 def test_committed_inventory_starts_reads_kv_pages_and_stops() -> None:
     """The committed hosts.yaml, exactly as a lab runner uses it."""
     inventory = load_inventory(REPO / "hosts.yaml")
-    port = inventory.server.http_port
-    pages = kv_pages_of_a_start(inventory)
+    pages, port = kv_pages_of_a_start(inventory)
+    assert inventory.server.http_port == 0 and port > 0   # picked when the lab opened, free on every host
     assert sorted(pages) == ["gb10-a", "gb10-b", "gb10-c"]
     assert all(40_500 < p < 42_100 for p in pages.values()), pages  # the RowCache study: 41,358 and 41,301
     assert wait_no_sim_processes(port, timeout_s=1.0) == []
@@ -224,8 +226,8 @@ def test_three_rank_server_over_ssh(sshd_lab: SshdLab, tmp_path: Path) -> None:
            "command_timeout_s": 60}
     path = write_inventory(tmp_path, hosts=hosts, ssh=ssh)
     inventory = load_inventory(path)
-    port = inventory.server.http_port
-    pages = kv_pages_of_a_start(inventory)
+    pages, port = kv_pages_of_a_start(inventory)
+    assert port == inventory.server.http_port   # the inventory's own port (0 is for the committed one)
     assert sorted(pages) == ["gb10-a", "gb10-b", "gb10-c"]
     assert all(40_500 < p < 42_100 for p in pages.values())
     assert wait_no_sim_processes(port, timeout_s=2.0) == []
