@@ -120,9 +120,9 @@ def small_scenario(tmp_path: Path, name: str, cache: str = "1G", *, trials: int 
     return path
 
 
-def small_scenario_option(tmp_path: Path, name: str, cache: str = "1G") -> tuple[str, str]:
+def small_scenario_option(tmp_path: Path, name: str, cache: str = "1G", *, trials: int = 2) -> tuple[str, str]:
     """`--scenario PATH` of a `small_scenario` written under `tmp_path`."""
-    return "--scenario", str(small_scenario(tmp_path, name, cache))
+    return "--scenario", str(small_scenario(tmp_path, name, cache, trials=trials))
 
 
 def sim_processes(port: int | None = None) -> list[tuple[int, str]]:
