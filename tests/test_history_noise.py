@@ -12,7 +12,7 @@ from scipy import stats
 
 from cache_qualify.cli import main
 from cache_qualify.stats import history_validation as hv
-from cache_qualify.stats.history_noise import CHECK_LEVEL, EarlierRun, build_noise, pooled, prior
+from cache_qualify.stats.history_noise import CHECK_LEVEL, POOLED_DF, EarlierRun, build_noise, pooled, prior
 from cache_qualify.stats.lab_time import history_design, simulate
 from cache_qualify.stats.power import POWER
 from cache_qualify.stats.simulate import binomial_bound
@@ -57,8 +57,10 @@ def test_a_step_change_in_the_noise_drops_the_runs_before_it() -> None:
 def test_the_check_pools_only_a_history_that_agrees_with_the_run() -> None:
     known = prior(_runs(np.random.default_rng(5), [1.0] * 5))
     assert known is not None
-    agree = pooled(known, known.variance, 3.0)
-    assert agree.used and agree.df == 3 + known.df and agree.variance == pytest.approx(known.variance)
+    agree = pooled(known, 0.8 * known.variance, 3.0)     # calmer than the history: the check at 0.5 agrees
+    assert known.df == 15 and known.pooled_df == POOLED_DF == agree.prior_df     # counted as 4 df, not 15
+    assert agree.used and agree.df == 3 + POOLED_DF and agree.variance == pytest.approx((2.4 + POOLED_DF) * known.variance / agree.df)
+    assert f"15 df, counted as {POOLED_DF}" in agree.note
     assert "agrees" in agree.note and agree.check_p >= CHECK_LEVEL
     off = pooled(known, 30 * known.variance, 3.0)
     assert not off.used and off.df == 3.0 and off.variance == 30 * known.variance
@@ -71,7 +73,7 @@ def test_the_verdict_names_the_history_and_decides_after_two_blocks() -> None:
     known = prior(_runs(np.random.default_rng(6), [1.0] * 6))
     assert known is not None
     a = Assertion("m", "R", "gain", True, min_effect=0.0)
-    base, cand = Trials((10.1, 9.5), (0, 2), (0, 1)), Trials((17.2, 16.3), (1, 3), (0, 1))
+    base, cand = Trials((10.1, 9.5), (0, 2), (0, 1)), Trials((22.2, 21.3), (1, 3), (0, 1))
     looks = tuple(range(2, 13))
     with_history = evaluate([a], {a.id: (base, cand)}, alpha=0.01, looks=looks, priors={a.id: known})[0]
     alone = evaluate([a], {a.id: (base, cand)}, alpha=0.01, looks=looks)[0]
@@ -104,16 +106,26 @@ def test_aa_with_a_history_stays_within_the_binomial_bound_of_alpha(case: hv.Cas
     then decided alone on 1 to 3 df: 8 of 240 in the 2..5 design)."""
     result = hv.run_cell("two-gain", 0.0, _aa_looks(effect), alpha=0.01, case=case, runs=RUNS, seed=11)
     assert result.worst_gain <= binomial_bound(RUNS, 0.01)
-    assert result.used > 0.85
+    assert result.used > 0.4     # the check at 0.5 against 4 df sets aside about half of the right histories
+
+
+# per alpha: (runs, the most passes allowed). At 0.01 the 99 % binomial bound of 2 x alpha (1,000 runs measure
+# 1.65 x too coarsely for 20 outright; `hv.aa_table` at 4,000 runs gives the rate), at 0.05 2 x alpha outright.
+# Counted with all its df and checked at 0.1 the rule passed 5.8 x alpha at 0.01 and about 12 % at 0.05.
+CALM = {0.01: (1000, binomial_bound(1000, 0.02)), 0.05: (400, 40)}
 
 
 @pytest.mark.slow
-def test_a_history_too_small_by_half_is_where_the_check_cannot_protect_the_level() -> None:
-    """The documented limit: a history whose SD is half the truth, with no change inside it, passes A/A
-    runs more often than alpha (the F test of 1 to 3 df detects it in a minority of the early looks), most
-    in the shortest design (3 SD: 2..6)."""
-    result = hv.run_cell("two-gain", 0.0, _aa_looks(3.0), alpha=0.01, case=hv.Case(0.5), runs=RUNS, seed=12)
-    assert result.worst_gain > binomial_bound(RUNS, 0.01)
+@pytest.mark.parametrize("alpha", [0.01, 0.05])
+@pytest.mark.parametrize("case", hv.CALM, ids=["15 df", "30 df"])
+def test_a_history_too_small_by_half_passes_at_most_twice_alpha_however_long(case: hv.Case, alpha: float) -> None:
+    """The worst case bounded: a history whose SD is half the truth, 15 or 30 df, counts for `POOLED_DF` df
+    and is set aside at `CHECK_LEVEL`, so the gate's A/A passes of a gain stay within 2 x alpha in the
+    shortest design plan --history sizes (3 SD), the longer history no worse."""
+    runs, most = CALM[alpha]
+    looks = hv.designs("two-gain", 3.0, alpha).history
+    result = hv.run_cell("two-gain", 0.0, looks, alpha=alpha, case=case, runs=runs, seed=12)
+    assert result.worst_gain <= most, result
 
 
 @pytest.mark.slow
@@ -124,7 +136,7 @@ def test_the_history_design_is_plan_historys_own_sizing() -> None:
     looks, predicted = history_design(hv.truths("two-gain", 3.0), cell.current.looks, alpha=0.01, power=POWER,
                                       block_size=1, early=True)
     assert cell.history == looks and looks[0] == 2 and predicted.power >= POWER
-    assert looks[-1] < cell.current.maximum
+    assert looks[-1] <= cell.current.maximum        # with the history counted as 4 df: 2..8 beside 5..8
     shorter = simulate(hv.truths("two-gain", 3.0), looks[:-1], alpha=0.01, history=True)
     assert shorter.power < POWER                    # the fewest that reach the planned power
 
@@ -135,7 +147,7 @@ SAVING_ERROR = 0.09       # about 3 standard errors of a saving interpolated fro
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("effect, documented", [(2.0, 0.19), (3.0, 0.34)])
+@pytest.mark.parametrize("effect, documented", [(2.0, 0.02), (3.0, 0.01)])
 def test_the_history_saves_starts_at_the_planned_power(effect: float, documented: float) -> None:
     """Both gains better by `effect` SDs, the history's SD right: the design plan --history sizes reaches
     the planned power within its binomial tolerance, and at exactly power 0.9 (each design interpolated
