@@ -171,7 +171,8 @@ def test_validate_prints_the_tables_whole_or_in_pieces(capsys: pytest.CaptureFix
     assert piece in out.splitlines()
     assert main(["validate", "--runs", "4", "--alpha", "0.05", "--check", "flags", "screening"]) == 0
     out = capsys.readouterr().out
-    assert "| fixed 5 |" in out and "| 0.05 | 10 |" in out
+    # the flag rate's table, then screening through the gate: alpha, candidates, trials, variance ratio
+    assert "runs in which a start of a metric is flagged" in out and "| 0.05 | 4 | 10 | 3 |" in out
 
 
 def test_the_lab_s_own_bad_starts_cost_little_power() -> None:
