@@ -53,7 +53,12 @@ def cache_root() -> Path:
     folder's ``cache-qualify``. Not the suite's own cache folder (``$CACHE_QUALIFY_CACHE_DIR``), which
     the test session points at a folder of its own: the build made before the session (the README's
     test command) must be the one the session finds."""
-    explicit = os.environ.get(BUILD_DIR_ENV)
+    return user_cache_root(BUILD_DIR_ENV)
+
+
+def user_cache_root(env: str) -> Path:
+    """``$env`` when set, else the user's cache folder's ``cache-qualify`` (every real server's)."""
+    explicit = os.environ.get(env)
     if explicit:
         return Path(explicit)
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cache-qualify"
@@ -83,17 +88,21 @@ def ensure_built(version: str = VERSION, *, jobs: int | None = None) -> Path:
 
     Raises :class:`BuildFailed` with the log's tail when a step fails.
     """
-    found = built_binary(version)
+    return made_once(install_dir(version).parent, version, lambda: built_binary(version),
+                     lambda parent: _build(version, parent, jobs or os.cpu_count() or 1))
+
+
+def made_once(parent: Path, version: str, find: Callable[[], Path | None], make: Callable[[Path], Path]) -> Path:
+    """What `find` finds, else what `make(parent)` makes, under a lock beside the versions' folders:
+    concurrent callers (two xdist workers) wait for one make, then use it."""
+    found = find()
     if found is not None:
         return found
-    parent = install_dir(version).parent
     parent.mkdir(parents=True, exist_ok=True)
     with open(parent / f"{version}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)   # another caller's build: wait for it, then use it
-        found = built_binary(version)
-        if found is not None:
-            return found
-        return _build(version, parent, jobs or os.cpu_count() or 1)
+        fcntl.flock(lock, fcntl.LOCK_EX)   # another caller's make: wait for it, then use it
+        found = find()
+        return found if found is not None else make(parent)
 
 
 def _build(version: str, parent: Path, jobs: int) -> Path:

@@ -17,9 +17,7 @@ concurrent callers (two xdist workers) wait for one install instead of running t
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -46,10 +44,7 @@ class InstallFailed(Exception):
 
 def cache_root() -> Path:
     """``$CACHE_QUALIFY_VLLM_DIR``, else the user's cache folder's ``cache-qualify`` (as llama-server's)."""
-    explicit = os.environ.get(DIR_ENV)
-    if explicit:
-        return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cache-qualify"
+    return llama_build.user_cache_root(DIR_ENV)
 
 
 def install_dir(version: str = VERSION) -> Path:
@@ -76,17 +71,8 @@ def ensure_installed(version: str = VERSION) -> Path:
 
     Raises :class:`InstallFailed` with the log's tail when a step fails.
     """
-    found = installed_python(version)
-    if found is not None:
-        return found
-    parent = install_dir(version).parent
-    parent.mkdir(parents=True, exist_ok=True)
-    with open(parent / f"{version}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)   # another caller's install: wait for it, then use it
-        found = installed_python(version)
-        if found is not None:
-            return found
-        return _install(version, parent)
+    return llama_build.made_once(install_dir(version).parent, version, lambda: installed_python(version),
+                                 lambda parent: _install(version, parent))
 
 
 def _install(version: str, parent: Path) -> Path:
