@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from cache_qualify.config.scenario import find_scenario, load_scenario
-from cache_qualify.stats.assertions import assertions_for
+from cache_qualify.stats.scenario_assertions import assertions_for
 from tests.support.labfixtures import (QualifyRun, committed_inventory, inventory_port, run_qualify, wait_no_sim_processes,
                                        write_inventory)
 

@@ -33,7 +33,7 @@ from cache_qualify.samples.runfolder import write_verdicts
 from tests.support import history_sim
 from tests.support.postgres import Postgres, postgres_server
 from tests.support.chromium import browser_problems, chromium
-from cache_qualify.stats.validation import binomial_bound
+from cache_qualify.validation.promises import binomial_bound
 
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[Postgres]:

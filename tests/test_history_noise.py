@@ -11,11 +11,11 @@ import pytest
 from scipy import stats
 
 from cache_qualify.cli import main
-from cache_qualify.stats import history_validation as hv
-from cache_qualify.stats.history_noise import CHECK_LEVEL, POOLED_DF, EarlierRun, build_noise, pooled, prior
-from cache_qualify.stats.lab_time import history_design, simulate
+from cache_qualify.validation import history_promises as hv
+from cache_qualify.stats.known_noise import CHECK_LEVEL, POOLED_DF, EarlierRun, build_noise, pooled, prior
+from cache_qualify.sizing.lab_time import history_design, simulate
 from cache_qualify.stats.power import POWER
-from cache_qualify.stats.simulate import binomial_bound
+from cache_qualify.validation.simulate import binomial_bound
 from cache_qualify.stats.verdict import Assertion, Trials, evaluate
 
 

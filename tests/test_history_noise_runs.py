@@ -2,7 +2,7 @@
 write the history, and a third one given `--history-noise` pools their noise where the check agrees,
 looks first after 2 blocks and never runs more starts than without it, naming the runs it took the
 noise from (the run loop's wiring of
-`cache_qualify.stats.history_noise`; its error rates are measured in tests/test_history_noise.py)."""
+`cache_qualify.stats.known_noise`; its error rates are measured in tests/test_history_noise.py)."""
 
 from __future__ import annotations
 

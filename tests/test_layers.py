@@ -1,10 +1,13 @@
 """The layer contract (pyproject's [tool.importlinter]) holds: data flows one way and the gate never imports sim;
-and no module of the package imports itself back through others (no import cycle)."""
+no module of the package imports itself back through others (no import cycle); the run's decision never
+imports the sizing or the self-validation; and no two modules of the package share a name."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -78,3 +81,67 @@ def test_the_cycle_finder_names_a_cycle(tmp_path: Path, monkeypatch: pytest.Monk
     (package / "d.py").write_text("import cyclic_pkg.a\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert import_cycles("cyclic_pkg") == [["cyclic_pkg.a", "cyclic_pkg.b", "cyclic_pkg.c", "cyclic_pkg.a"]]
+
+
+# Above every stage of the run: only the command lines (and the self-validation, of the sizing) import them.
+ABOVE_THE_RUN = ("cache_qualify.validation", "cache_qualify.sizing")
+
+
+def test_sizing_and_validation_sit_above_every_stage_of_the_run() -> None:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c["layers"] for c in config if c["type"] == "layers")
+    assert layers[:3] == ["cache_qualify.cli", *ABOVE_THE_RUN], layers
+
+
+def test_only_the_command_lines_import_the_sizing_and_the_validation() -> None:
+    import grimp
+
+    graph = grimp.build_graph("cache_qualify")
+    allowed = {"cache_qualify.validation": ("cache_qualify.cli", "cache_qualify.validation"),
+               "cache_qualify.sizing": ("cache_qualify.cli", "cache_qualify.validation", "cache_qualify.sizing")}
+    wrong = [f"{importer} imports {imported}"
+             for package, importers in allowed.items()
+             for imported in sorted(graph.find_descendants(package) | {package})
+             for importer in sorted(graph.find_modules_that_directly_import(imported))
+             if not importer.startswith(tuple(f"{i}." for i in importers)) and importer not in importers]
+    assert not wrong, "\n".join(wrong)
+
+
+# Names two modules may share, each pair by its paths: one name, one idea, unless the reason says why not.
+SHARED_NAMES = {
+    "emulate.py": ({"cli", "sim"}, "cli/emulate is the `cache-qualify emulate` command over sim/emulate"),
+    "noise.py": ({"cli", "sim"}, "cli/noise is the `cache-qualify noise` command over sim/noise"),
+    "schema.py": ({"cli", "history"}, "cli/schema is the `cache-qualify schema` command (hosts and scenario files)"),
+    "page.py": ({"history", "report"}, "each package's HTML page: the history's, one run's"),
+    "server.py": ({"lab", "sim"}, "a runtime server on a lab host, and the simulated lab's server program"),
+    "store.py": ({"history", "samples"}, "each package's store: the history database, one run's samples"),
+}
+
+
+def modules_by_name(root: Path) -> dict[str, set[str]]:
+    """Each module file name under `root` (but __init__.py, which every package has) and the folders,
+    relative to `root`, holding one of that name."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for path in root.rglob("*.py"):
+        if path.name != "__init__.py":
+            found[path.name].add(path.parent.relative_to(root).as_posix())
+    return found
+
+
+def test_no_two_modules_of_the_package_share_a_name() -> None:
+    shared = {name: folders for name, folders in modules_by_name(REPO / "fixtures" / "cache_qualify").items()
+              if len(folders) > 1}
+    unexplained = {name: sorted(folders) for name, folders in shared.items()
+                   if name not in SHARED_NAMES or SHARED_NAMES[name][0] != folders}
+    assert not unexplained, f"modules sharing a name: {unexplained}"
+    assert set(shared) == set(SHARED_NAMES), f"no longer shared, drop from SHARED_NAMES: {set(SHARED_NAMES) - set(shared)}"
+
+
+def test_the_name_check_finds_a_shared_name(tmp_path: Path) -> None:
+    for folder in ("a", "b", "b/c"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "a" / "noise.py").write_text("")
+    (tmp_path / "b" / "c" / "noise.py").write_text("")
+    (tmp_path / "b" / "store.py").write_text("")
+    assert modules_by_name(tmp_path) == {"noise.py": {"a", "b/c"}, "store.py": {"b"}}

@@ -13,8 +13,8 @@ from cache_qualify.errors import PlanError
 from cache_qualify.stats.manytoone import (CANNOT_PASS, MORE_TRIALS, Standing, Tournament, boundary_for, lab_time,
                                            ranked, recommended, screening_level, tournament_starts)
 from cache_qualify.stats.sequential import DEFAULT_BOUNDARY, Boundary, plan_looks
-from cache_qualify.stats.simulate import SHAPES
-from cache_qualify.stats.validation import binomial_bound
+from cache_qualify.validation.simulate import SHAPES
+from cache_qualify.validation.promises import binomial_bound
 from cache_qualify.stats.verdict import Verdict, carry, evaluate
 from tests.support import tournament_sim as sim
 

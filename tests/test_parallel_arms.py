@@ -25,7 +25,7 @@ from cache_qualify.config.inventory import HostGroup, load_inventory
 from cache_qualify.errors import PlanError
 from cache_qualify.stats.compare import crossover_fit
 from cache_qualify.stats.sequential import plan_looks
-from cache_qualify.stats.simulate import LAB_BAD_STARTS, SHAPES, draw
+from cache_qualify.validation.simulate import LAB_BAD_STARTS, SHAPES, draw
 from cache_qualify.stats.verdict import Trials, Verdict, carry, decided, evaluate
 from cache_qualify.trials.crossover import check_arms, crossover, equal_groups
 from cache_qualify.trials.runner import interleave

@@ -19,11 +19,11 @@ from scipy import stats
 from cache_qualify.cli import main
 from cache_qualify.config.scenario import find_scenario, load_scenario
 from cache_qualify.errors import HistoryError
-from cache_qualify.history.noise import plan_history
+from cache_qualify.history.priors import plan_history
 from cache_qualify.history.store import default_url
 from cache_qualify.qualification import AA_SUFFIX
 from cache_qualify.samples.records import BuildRecord, Plan
-from cache_qualify.stats.assertions import assertions_for
+from cache_qualify.stats.scenario_assertions import assertions_for
 from cache_qualify.stats.verdict import Trials, carry, decided, evaluate
 from tests.support import history_sim
 from tests.support.labfixtures import write_inventory

@@ -1,4 +1,4 @@
-"""cache_qualify.stats.planning: `cache-qualify plan` from a predicted effect and from a pilot run's samples."""
+"""cache_qualify.sizing.planning: `cache-qualify plan` from a predicted effect and from a pilot run's samples."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from cache_qualify.cli import main
-from cache_qualify.stats.planning import per_gain_power, planned_trials, sequential_design
+from cache_qualify.sizing.planning import per_gain_power, planned_trials, sequential_design
 from cache_qualify.stats.power import SD_CONFIDENCE, sd_upper
 from cache_qualify.stats.verdict import power_of
 

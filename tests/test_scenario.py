@@ -9,7 +9,7 @@ import pytest
 from cache_qualify.errors import ScenarioError
 from cache_qualify.config.profiles import resolve
 from cache_qualify.config.scenario import available_scenarios, check_against, find_scenario, load_scenario
-from cache_qualify.stats.assertions import assertions_for
+from cache_qualify.stats.scenario_assertions import assertions_for
 from tests.support.labfixtures import REPO, edited, write_file
 
 

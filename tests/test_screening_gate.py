@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from cache_qualify.stats.manytoone import Tournament
-from cache_qualify.stats.robustness import screening_rates
-from cache_qualify.stats.simulate import SHAPES, binomial_bound
+from cache_qualify.validation.robustness import screening_rates
+from cache_qualify.validation.simulate import SHAPES, binomial_bound
 from cache_qualify.stats.starts import FALSE_FLAG_RATE
 from cache_qualify.stats.verdict import Trials, VerdictWarning
 

@@ -14,11 +14,11 @@ from cache_qualify.errors import PlanError
 from cache_qualify.stats import sequential
 from cache_qualify.stats.sequential import (DEFAULT_BOUNDARY, Boundary, fractions_of, nominal_alpha, plan_looks,
                                            units_per_look)
-from cache_qualify.stats.design import Design
-from cache_qualify.stats.planning import planned_trials, sequential_design
-from cache_qualify.stats.savings import at_power
-from cache_qualify.stats.simulate import SHAPES, correlation
-from cache_qualify.stats.validation import binomial_bound
+from cache_qualify.sizing.design import Design
+from cache_qualify.sizing.planning import planned_trials, sequential_design
+from cache_qualify.validation.savings import at_power
+from cache_qualify.validation.simulate import SHAPES, correlation
+from cache_qualify.validation.promises import binomial_bound
 from cache_qualify.stats.verdict import Assertion, Trials, Verdict, carry, decided, evaluate
 
 ALPHA = 0.05
@@ -209,7 +209,7 @@ def test_t_levels_kept_on_disk_are_the_simulated_ones_and_any_change_simulates_a
     assert not list(tmp_path.glob("**/*.tmp"))
 
 
-# --- the gate by simulation: tests/test_validation.py (cache_qualify.stats.validation) -----------
+# --- the gate by simulation: tests/test_validation.py (cache_qualify.validation.promises) -----------
 
 
 def test_more_trials_decide_what_the_fixed_design_left_inconclusive() -> None:

@@ -1,7 +1,7 @@
 """The gate's printed promises, checked by the quick (seeded) version of `cache-qualify validate`.
 
 Each cell runs the whole decision (`evaluate`, look by look, on blocks) on
-simulated trials from the noise model in `cache_qualify.stats.simulate`, a few
+simulated trials from the noise model in `cache_qualify.validation.simulate`, a few
 hundred times; a promise that stops holding fails here. The full version
 (``cache-qualify validate``, 2,000 runs per cell) prints the tables quoted in
 docs/statistics.md.
@@ -13,11 +13,11 @@ import pytest
 from scipy import stats
 
 from cache_qualify.cli import main
-from cache_qualify.stats import robustness
-from cache_qualify.stats.savings import known_sd_bound
+from cache_qualify.validation import robustness
+from cache_qualify.validation.savings import known_sd_bound
 from cache_qualify.stats.sequential import DEFAULT_BOUNDARY
-from cache_qualify.stats.simulate import NOISE, SHAPES, Noise, design_for, planned_design
-from cache_qualify.stats.validation import Cell, CellResult, cells, fixed_trials_at_power, power_tolerance, run_cell
+from cache_qualify.validation.simulate import NOISE, SHAPES, Noise, design_for, planned_design
+from cache_qualify.validation.promises import Cell, CellResult, cells, fixed_trials_at_power, power_tolerance, run_cell
 
 pytestmark = pytest.mark.slow   # every test here simulates hundreds of qualifications
 

@@ -1,7 +1,7 @@
 """Validation harness of tournaments: several candidates against one baseline, on the decision code alone.
 
 Each simulated run draws per-trial values from the calibrated noise model of
-`cache_qualify.stats.validation` (`cache-qualify validate`: its shapes, SDs and
+`cache_qualify.validation.promises` (`cache-qualify validate`: its shapes, SDs and
 noise variants), shares one baseline sample among the candidates, and drives the
 gate's own `cache_qualify.stats.manytoone.Tournament` look by look, dropping arms
 as the gate does. It measures what the tournament promises:
@@ -28,8 +28,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from cache_qualify.stats.manytoone import Mode, Tournament, tournament_starts
-from cache_qualify.stats.simulate import NOISE, SHAPES, Item, draw
-from cache_qualify.stats.validation import binomial_bound
+from cache_qualify.validation.simulate import NOISE, SHAPES, Item, draw
+from cache_qualify.validation.promises import binomial_bound
 from cache_qualify.stats.verdict import Assertion, Trials, VerdictWarning
 
 
@@ -64,7 +64,7 @@ def scenario_shape(scenario: str = "reread-1g") -> Shape:
     """validation's reread-1g noise at the study's means, with the shipped scenario's own assertions
     (minimum effects and margins)."""
     from cache_qualify.config.scenario import find_scenario, load_scenario
-    from cache_qualify.stats.assertions import assertions_for
+    from cache_qualify.stats.scenario_assertions import assertions_for
 
     own = {(a.metric, a.request): a for a in assertions_for(load_scenario(find_scenario(scenario)))}
     items = tuple(replace(i, mean=STUDY_MEANS.get((i.metric, i.request), i.mean)) for i in SHAPES["reread-1g"])
