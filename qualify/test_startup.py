@@ -1,5 +1,5 @@
-"""Startup: every rank of both builds starts in every trial, the KV cache keeps its pages, and the
-candidate has no more bad starts than the baseline."""
+"""Startup: every rank of both builds starts in every trial, what the runtime measures once per start
+(its KV cache's size, say) holds, and the candidate has no more bad starts than the baseline."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def test_all_ranks_started(qualifier: Qualifier, scenario_name: str) -> None:
 
 
 @pytest.mark.assertions_per("start")
-def test_kv_pages(qualifier: Qualifier, scenario_name: str, candidate: str, assertion_id: str,
+def test_per_start(qualifier: Qualifier, scenario_name: str, candidate: str, assertion_id: str,
                   record_property: RecordProperty) -> None:
     check_verdict(qualifier.result(scenario_name), assertion_id, record_property, candidate)
 

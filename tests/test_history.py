@@ -102,7 +102,12 @@ V3_FIGURES = ("run_id", "scenario", "assertion", "metric", "request", "kind", "o
 
 
 def _as_version(conn: sa.Connection, version: int) -> None:
-    """The database as an older suite left it at `version`: what the later versions added dropped."""
+    """The database as an older suite left it at `version`: what the later versions added dropped, what
+    they dropped back (a trial's startup time and KV pages as columns, the values a start measured)."""
+    if version < 5:
+        conn.execute(sa.text("ALTER TABLE trials ADD COLUMN startup_s FLOAT"))
+        conn.execute(sa.text("ALTER TABLE trials ADD COLUMN kv_pages INTEGER"))
+        conn.execute(sa.text("UPDATE trials SET startup_s = 12.5, kv_pages = 41300"))
     if version < 4:
         rows = [dict(row) for row in conn.execute(sa.select(schema.verdicts)).mappings()]
         conn.execute(sa.text("DROP TABLE verdicts"))
@@ -118,7 +123,7 @@ def _as_version(conn: sa.Connection, version: int) -> None:
     conn.execute(schema.schema_version.update().values(version=version))
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_schema_upgrades_in_place(tmp_path: Path, history_url: str, version: int) -> None:
     folder = history_sim.write_series(tmp_path / "reports", history_sim.quiet_series(np.random.default_rng(4), 1))[0]
     write_verdicts(folder, history_sim.SCENARIO, [VerdictRecord.of("set4", {
@@ -138,6 +143,7 @@ def test_schema_upgrades_in_place(tmp_path: Path, history_url: str, version: int
         # the rows kept, the columns and tables back, empty as the older suite left them; the verdicts
         # with their arm (the run's only candidate), the figures an older suite did not keep NULL
         assert upgraded["trials"] == before["trials"]
+        assert [c["name"] for c in sa.inspect(engine).get_columns("trials")] == schema.trials.c.keys()
         kept = [schema.verdicts.c.keys().index(k) for k in V3_FIGURES] + [schema.verdicts.c.keys().index("arm")]
         assert [[row[k] for k in kept] for row in upgraded["verdicts"]] == \
             [[row[k] for k in kept] for row in before["verdicts"]] and before["verdicts"]
@@ -226,7 +232,7 @@ def test_a_run_records_each_trial_as_it_ends_in_the_same_time(tmp_path: Path) ->
         for trial in range(LIVE_TRIALS):
             build = ("set4", "two_choice")[trial % 2]
             row = TrialRow("live", "reread-1g", build, trial // 2, trial // 2, trial % 2, new_attempt(), OK, "",
-                           0.5, 41_300, "2026-01-01T00:00:00.000+00:00", "2026-01-01T00:00:01.000+00:00")
+                           "2026-01-01T00:00:00.000+00:00", "2026-01-01T00:00:01.000+00:00")
             values = _trial_values(rng)
             before, started = statements[0], time.thread_time()
             recorder.trial_finished(row, values, host_group="default")
@@ -256,7 +262,7 @@ def test_a_history_that_cannot_be_written_is_reported_and_the_run_goes_on(tmp_pa
     run_dir = tmp_path / "reports" / "no-plan"
     run_dir.mkdir(parents=True)
     recorder = Recorder(default_url(tmp_path / "reports"), run_dir)
-    row = TrialRow("no-plan", "reread-1g", "set4", 0, 0, 0, "a1", OK, "", 0.5, 1, "t", "t")
+    row = TrialRow("no-plan", "reread-1g", "set4", 0, 0, 0, "a1", OK, "", "t", "t")
     recorder.trial_finished(row, [], host_group=None)  # no plan to record the run from: said, not raised
     assert recorder.problem is not None and "after trial 1 of set4" in recorder.problem
     assert "plan.json does not exist" in recorder.problem

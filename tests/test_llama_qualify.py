@@ -89,7 +89,7 @@ def test_a_host_memory_prompt_cache_passes_on_exact_re_sends(inventory: Inventor
     for gain in ("hit_rate-gain[A-again]", "hit_rate-gain[B-again]", "prompt_time-gain[A-again]",
                  "prompt_time-gain[B-again]"):
         assert seen[f"test_row_cache[{gain}]"] == "passed", run.output
-    assert seen["test_kv_pages[kv_pages-no_regression[startup]]"] == "passed"
+    assert seen["test_per_start[kv_pages-no_regression[startup]]"] == "passed"
     assert seen["test_no_prefix_cache_reuse[llama-cpp-resend]"] == "passed"   # measured, never voided
     assert {t["outcome"] for t in trials(run)} == {"ok"}
     cached = samples_of(run, "cached_tokens", "ram-cache")
@@ -125,7 +125,7 @@ def test_a_smaller_context_fails_kv_non_regression(inventory: Inventory, tmp_pat
         "--cache-ram", "0", "-c", "6144"]}}
     run = qualify(inventory(builds=small), tmp_path, RESEND, "--candidate", "small-context", "--max-trials", "4")
     assert run.returncode == 1, run.output
-    case = run.testcases()["test_kv_pages[kv_pages-no_regression[startup]]"]
+    case = run.testcases()["test_per_start[kv_pages-no_regression[startup]]"]
     failure = case.find("failure")
     assert failure is not None, run.output
     assert "kv_pages-no_regression[startup] (" in (failure.get("message") or "") + (failure.text or "")

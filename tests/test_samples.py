@@ -11,14 +11,14 @@ import pytest
 
 from cache_qualify.errors import SamplesError
 from cache_qualify.samples import runfolder
-from cache_qualify.samples.store import (FAILED, OK, OLD_TRIAL_COLUMNS, SAMPLE_COLUMNS, TRIAL_COLUMNS, SampleStore,
+from cache_qualify.samples.store import (EARLIER_TRIAL_COLUMNS, FAILED, OK, SAMPLE_COLUMNS, TRIAL_COLUMNS, SampleStore,
                                          TrialRow, new_attempt)
 
 
 def trial_row(build: str, trial: int, attempt: str, outcome: str = OK) -> TrialRow:
     return TrialRow(run="r1", scenario="reread-1g", build=build, trial=trial, block=trial, position=0,
                     attempt=attempt, outcome=outcome, reason="" if outcome == OK else "rank 1 died, log: a,b\n\"x\"",
-                    startup_s=1.25, kv_pages=41358, started_at="2025-01-01T00:00:00.000+00:00",
+                    started_at="2025-01-01T00:00:00.000+00:00",
                     finished_at="2025-01-01T00:00:05.000+00:00")
 
 
@@ -54,7 +54,6 @@ def test_round_trip_keeps_values_and_only_finished_ok_trials(store: SampleStore)
     trials = store.trials()
     assert list(trials.columns) == list(TRIAL_COLUMNS)
     assert trials["reason"].tolist()[1] == "rank 1 died, log: a,b\n\"x\""  # quoted: commas, newlines, quotes
-    assert trials["kv_pages"].tolist() == [41358, 41358] and trials["startup_s"].tolist() == [1.25, 1.25]
     assert store.completed("reread-1g") == {("set4", 0), ("set4", 1)}
     assert store.completed("reread-4g") == set()
 
@@ -236,18 +235,29 @@ def test_a_plan_from_before_or_after_a_field_was_added_still_loads(tmp_path: Pat
         Plan.from_json({**old, "seed": "x"}, path=tmp_path / "plan.json")
 
 
-def test_a_trials_file_written_before_trials_named_their_group_is_read_and_appended_to(store: SampleStore) -> None:
-    old = ",".join(OLD_TRIAL_COLUMNS) + "\n"
-    store.trials_path.write_text(old, encoding="utf-8")
-    first, second = new_attempt(), new_attempt()
-    store.add_trial(trial_row("set4", 0, first))
-    store.add_samples(key("set4", 0, first), "A", [("gb10-a", 0, "hits", 5)])
-    store.create()   # a resume: the header stays the old one, and so do the rows appended
-    store.add_trial(replace(trial_row("set4", 1, second), group="tp-1"))
-    assert store.trials_path.read_text(encoding="utf-8").splitlines()[0] == old.strip()
+# trials.csv rows as earlier versions wrote them: with startup_s and kv_pages, with and without the group
+EARLIER_ROWS = ("r1,reread-1g,set4,0,0,0,{a},ok,,1.25,41358,2025-01-01T00:00:00.000+00:00,"
+                "2025-01-01T00:00:05.000+00:00{group}\n")
+
+
+@pytest.mark.parametrize("header", EARLIER_TRIAL_COLUMNS, ids=["with-group", "before-groups"])
+def test_a_trials_file_of_an_earlier_version_is_read_without_its_fixed_columns_and_never_appended_to(
+        store: SampleStore, header: tuple[str, ...]) -> None:
+    first = new_attempt()
+    group = ",tp-1" if "group" in header else ""
+    store.trials_path.write_text(",".join(header) + "\n" + EARLIER_ROWS.format(a=first, group=group),
+                                 encoding="utf-8")
+    store.add_samples(key("set4", 0, first), "startup", [("all", -1, "kv_pages", 41358)])
     trials = store.trials()
-    assert list(trials["group"]) == ["", ""] and list(trials["attempt"]) == [first, second]
-    assert list(store.samples()["group"]) == [""]
+    assert list(trials.columns) == list(TRIAL_COLUMNS) and list(trials["attempt"]) == [first]
+    assert list(trials["group"]) == [group.lstrip(",")]
+    assert store.samples()["value"].tolist() == [41358]   # the per-start value, by its name in samples.csv
+    before = store.trials_path.read_bytes()
+    with pytest.raises(SamplesError, match=rf"^{store.run_dir} was written by an earlier cache-qualify \(its "
+                       r"trials\.csv has the columns startup_s, kv_pages\), which this one cannot continue; "
+                       r"start a new run"):
+        store.add_trial(trial_row("set4", 1, new_attempt()))
+    assert store.trials_path.read_bytes() == before
 
 
 def test_kept_samples_are_what_samples_csv_holds_at_every_trial(store: SampleStore) -> None:

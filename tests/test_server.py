@@ -298,7 +298,7 @@ def test_a_log_line_written_after_ready_is_waited_for_and_one_never_written_is_n
                     with pytest.raises(ServerError, match=r"host gb10-a rank 0: no line of the rank's log matches "
                                                           r"the regex 'n_ctx_slot = \(\[\\\\d,\]\+\)' \(read for "
                                                           r"0\.3 s after it was ready\)"):
-                        server.kv_pages_from_log(r"n_ctx_slot = ([\d,]+)", wait_s=0.3)
+                        server.number_from_log(r"n_ctx_slot = ([\d,]+)", wait_s=0.3)
             finally:
                 server.stop()
                 server.close()

@@ -165,7 +165,7 @@ def test_prefix_caching_passes_over_a_real_sshd(over_ssh: Path, tmp_path: Path) 
     seen = outcomes(run)
     assert seen["test_row_cache[hit_rate-gain[A-again]]"] == "passed", run.output
     assert seen["test_row_cache[hit_rate-gain[B-again]]"] == "passed", run.output
-    assert seen["test_kv_pages[kv_pages-no_regression[startup]]"] == "passed", run.output
+    assert seen["test_per_start[kv_pages-no_regression[startup]]"] == "passed", run.output
     check_prefill_gain(run, "prefix-caching")
     assert run.returncode == (1 if "failed" in seen.values() else 0), run.output
     assert {t["outcome"] for t in rows(run, "trials.csv")} == {"ok"}

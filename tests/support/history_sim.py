@@ -134,9 +134,8 @@ def write_folder(reports: Path, plan: Plan, starts: Mapping[str, Sequence[Start]
             began = created + timedelta(seconds=trial)
             stamp = began.isoformat(timespec="milliseconds")
             end = (began + timedelta(seconds=(seconds or {}).get(build, 0.0))).isoformat(timespec="milliseconds")
-            pages = int(start.get("startup", {}).get("kv_pages", 41_300))
             store.add_trial(TrialRow(plan.run_id, scenario, build, trial, trial, builds.index(build), attempt, OK,
-                                     "", 1.0, pages, stamp, end))
+                                     "", stamp, end))
     runfolder.write_verdicts(run_dir, scenario, verdicts)
     run = load_run(run_dir)
     runfolder.write_outcome(run_dir, run.decision)
