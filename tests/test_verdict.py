@@ -159,6 +159,23 @@ def test_several_open_assertions_share_the_power_and_the_sd_bound_s_confidence()
         assert f"({confidence:.0%} upper bound {bound:.4g})" in v.reason
 
 
+@pytest.mark.parametrize("open_assertions", [1, 2, 3, 5, 8])
+def test_an_sd_upper_bound_is_never_below_its_estimate(open_assertions: int) -> None:
+    """However many assertions are left open, the SD a rerun is sized at, printed as an upper bound, is at
+    least the estimate (five open waits printed "sd 0.8673 s (28% upper bound 0.7949 s)")."""
+    waits = [Assertion("readiness_wait", f"r{k}", "gain", False, min_effect=0.05) for k in range(open_assertions)]
+    offsets = np.array([-0.6, -0.2, 0.1, 0.3, 0.5, -0.1])
+    samples = {a.id: (3.0 + (1 + k / 10) * offsets, 3.0 + (1 + k / 10) * offsets[::-1]) for k, a in enumerate(waits)}
+    verdicts = evaluate(waits, samples, alpha=ALPHA)
+    said = [re.search(r"vary by sd ([0-9.e+-]+)\S* \((\d+)% upper bound ([0-9.e+-]+)", v.reason) for v in verdicts]
+    assert all(m is not None for m in said), [v.reason for v in verdicts]
+    for m, v in zip(said, verdicts):
+        assert m is not None and v.outcome == "inconclusive"
+        sd, confidence, bound = float(m[1]), int(m[2]), float(m[3])
+        assert bound > sd and confidence >= 50, v.reason
+        assert confidence == round(100 * max(1 - (1 - SD_CONFIDENCE) ** (1 / open_assertions), 0.5))
+
+
 def test_trials_for_power_reaches_the_power() -> None:
     n = trials_for_power(0.0013, 0.001, alpha=ALPHA)
     assert n is not None

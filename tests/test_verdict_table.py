@@ -1,0 +1,47 @@
+"""summary.md's verdicts table reads as the rule does: no "-0" figure, and a pass's interval end never
+reads equal to the null boundary it cleared."""
+
+from __future__ import annotations
+
+import re
+
+from cache_qualify.report.tables import verdict_rows
+from cache_qualify.samples.records import VerdictRecord
+from cache_qualify.units import unit
+
+WAIT = "readiness_wait-gain[B-new-start]"
+
+
+def _pass(null_boundary: float, ci_low: float, ci_high: float, higher_is_better: bool = False) -> VerdictRecord:
+    return VerdictRecord(id=WAIT, arm="c", metric="readiness_wait", request="B-new-start", kind="gain",
+                         higher_is_better=higher_is_better, unit="s", outcome="pass", baseline_mean=2.0,
+                         candidate_mean=1.7, difference=(ci_low + ci_high) / 2, null_boundary=null_boundary,
+                         ci_low=ci_low, ci_high=ci_high, ci_level=0.9, p_value=0.01, p_adjusted=0.01,
+                         trials_baseline=6, trials_candidate=6)
+
+
+def _row(v: VerdictRecord) -> list[str]:
+    [line] = [row for row in verdict_rows([v]) if row.startswith(f"| `{v.id}`")]
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def test_a_zero_boundary_and_an_end_that_rounds_to_it_read_apart_and_unsigned() -> None:
+    cells = _row(_pass(-0.0, -0.6, -0.0004))
+    boundary, interval = cells[5], cells[6]
+    assert boundary == "0.000 s", cells
+    assert not re.search(r"-0\.0+\b(?!\d)", " ".join(cells)), cells
+    low, high = interval.split(" to ")
+    assert high == "-0.0004 s" and high.split(" ")[0] != boundary.split(" ")[0], cells
+
+
+def test_an_end_just_past_a_boundary_shows_the_digits_that_set_them_apart() -> None:
+    cells = _row(_pass(0.2, 0.2003, 0.5, higher_is_better=True))
+    low = cells[6].split(" to ")[0]
+    assert (cells[5], low) == ("+0.200 s", "+0.2003"), cells
+
+
+def test_a_figure_that_rounds_to_zero_has_no_sign() -> None:
+    s = unit("s")
+    assert [s.format(x, signed=True) for x in (-0.0, 0.0, -1e-9, 4e-5)] == ["0.000 s"] * 4
+    assert s.format(-0.0004, signed=True, decimals=4) == "-0.0004 s"
+    assert unit("fraction").format(-0.00001, signed=True) == "0.00 pp"
