@@ -1,5 +1,6 @@
-"""cache_qualify.stats.exact: the permutation and sign-flip tests are exact with ties, on the data's own lattice,
-checked against full enumeration in exact rational arithmetic; the lattice and the resolution."""
+"""cache_qualify.methods.permutation: the permutation and sign-flip tests are exact with ties, on the data's own
+lattice (cache_qualify.stats.exact), checked against full enumeration in exact rational arithmetic; the lattice
+and the resolution."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from cache_qualify.methods.permutation import permutation_p, sign_flip_p
 from cache_qualify.stats import exact
 from cache_qualify.stats.compare import Sample
 from cache_qualify.stats.exact import rational
@@ -58,10 +60,10 @@ def test_sign_flip_and_permutation_p_equal_full_enumeration_on_tied_samples() ->
         blocks = tuple(range(n))
         sample = Sample(base, cand, blocks, blocks)
         d = sample.exact_diffs()
-        paired = exact.sign_flip_p(exact.on_lattice(d), seed=0)
+        paired = sign_flip_p(exact.on_lattice(d), seed=0)
         x, y = [rational(float(v)) for v in cand], [rational(float(v)) for v in base]
         both = exact.on_lattice(x + y)
-        unpaired = exact.permutation_p(both[:n], both[n:], seed=0)
+        unpaired = permutation_p(both[:n], both[n:], seed=0)
         if paired != float(_enumerated_sign_flip(d)) or unpaired != float(_enumerated_permutation(x, y)):
             mismatches.append((k, base.tolist(), cand.tolist()))
     assert mismatches == []
@@ -85,10 +87,10 @@ def test_the_verdicts_exact_tests_are_the_enumeration() -> None:
 
 
 def test_the_audits_tied_examples() -> None:
-    assert exact.sign_flip_p(np.array([-1, -1, 2, 3]), seed=0) == 5 / 16
+    assert sign_flip_p(np.array([-1, -1, 2, 3]), seed=0) == 5 / 16
     x, y = [41301.0, 41303.0, 41301.0], [41301.0, 41302.0, 41302.0]
     both = exact.on_lattice([rational(v) for v in x + y])
-    assert exact.permutation_p(both[:3], both[3:], seed=0) == pytest.approx(0.65, abs=0) == 13 / 20
+    assert permutation_p(both[:3], both[3:], seed=0) == pytest.approx(0.65, abs=0) == 13 / 20
     decimals = exact.on_lattice([rational(v) for v in (0.861, 0.863, 0.862, 0.862)])
     assert decimals[0] + decimals[1] == decimals[2] + decimals[3]
 
@@ -115,6 +117,6 @@ def test_the_lattice_is_exact_and_names_its_resolution() -> None:
     assert exact.smallest_gap(np.array([3.0, 3.0, 5.0, 4.0])) == 1.0
     assert math.isinf(exact.smallest_gap(np.array([2.0, 2.0])))
     big = exact.on_lattice([Fraction(10 ** 19), Fraction(1)])
-    assert big.dtype == object and exact.sign_flip_p(big, seed=0) == 0.25
+    assert big.dtype == object and sign_flip_p(big, seed=0) == 0.25
     with pytest.raises(ValueError, match=r"a lattice needs finite values, got nan"):
         rational(math.nan)

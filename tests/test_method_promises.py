@@ -1,18 +1,21 @@
 """Every test method keeps the same promises: no pass unless the estimate over every start is past the
-boundary, an interval that agrees with the verdict, true words; identical values decided exactly."""
+boundary, an interval that agrees with the verdict, true words; identical values decided exactly. Every
+registered method (cache_qualify.methods) is checked, so a method added is checked too."""
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 
 import numpy as np
 import pytest
 
+from cache_qualify.methods import NAMES
 from cache_qualify.stats.manytoone import Tournament
 from cache_qualify.stats.verdict import Assertion, Trials, VerdictWarning, evaluate
 
-METHODS = ("welch", "mannwhitney", "permutation")
+METHODS = NAMES
 WAIT = Assertion("readiness_wait", "B-new-start", "gain", False, unit="s")
 HIT = Assertion("hit_rate", "A-again", "gain", True, min_effect=0.5, unit="fraction")
 KV = Assertion("kv_pages", "startup", "no_regression", False, margin=0.02, unit="pages")
@@ -27,7 +30,7 @@ def _blocked(base: list[float], cand: list[float]) -> tuple[Trials, Trials]:
 def test_a_slower_candidate_never_passes_whatever_the_method(method: str) -> None:
     base = [1.0, 2.8, 1.6, 2.2, 1.8, 2.6, 1.4, 2.4, 2.0, 3.0]
     cand = [3.0] + [b - 0.1 for b in base[1:]]
-    [v] = evaluate([WAIT], {WAIT.id: _blocked(base, cand)}, alpha=0.05, method=method)  # type: ignore[arg-type]
+    [v] = evaluate([WAIT], {WAIT.id: _blocked(base, cand)}, alpha=0.05, method=method)
     assert v.candidate_mean > v.baseline_mean and not v.flagged
     assert v.outcome != "pass" and v.p_value >= 0.5
     # the interval holds the estimate over every start, so it cannot read as a pass either
@@ -48,7 +51,7 @@ def test_no_method_passes_a_gain_whose_mean_over_every_start_is_not_better() -> 
         cand[rng.integers(0, 10)] += rng.choice([0.0, 0.4, 0.8, 1.5, 2.5])
         samples = {WAIT.id: _blocked(list(base.round(2)), list(cand.round(2)))}
         for method in METHODS:
-            [v] = evaluate([WAIT], samples, alpha=0.1, method=method)  # type: ignore[arg-type]
+            [v] = evaluate([WAIT], samples, alpha=0.1, method=method)
             if v.outcome == "pass":
                 passes[method] += 1
                 assert v.candidate_mean < v.baseline_mean, (method, v.reason)
@@ -71,7 +74,7 @@ def test_identical_values_decide_exactly(method: str) -> None:
     with pytest.warns(VerdictWarning, match=r"exactly 0, without noise, over 4 blocks"):
         [hit, kv] = evaluate([HIT, KV], {HIT.id: _blocked([0.0] * 4, [0.0] * 4),
                                          KV.id: _blocked([1000.0] * 4, [1000.0] * 4)},
-                             alpha=0.01, method=method)  # type: ignore[arg-type]
+                             alpha=0.01, method=method)
     assert hit.outcome == "fail" and "shown below the minimum effect 50 pp" in hit.reason
     assert (hit.ci.low, hit.ci.high) == (0.0, 0.0) and "interval 0 pp to 0 pp" in hit.reason
     assert kv.outcome == "pass" and "upper end 0 pages < +20 pages" in kv.reason
@@ -93,3 +96,42 @@ def test_each_warning_is_given_once_over_the_looks() -> None:
                 break
     said = [str(w.message) for w in caught if issubclass(w.category, VerdictWarning)]
     assert len(said) == len(set(said)) >= 1
+
+
+@pytest.mark.parametrize("paired", [False, True])
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_reports_the_interval_of_its_own_decision(method: str, paired: bool) -> None:
+    """The interval is the inversion of the decision's test: a pass exactly when its lower end is above the
+    boundary (oriented: higher is better here), and it holds the estimate."""
+    rng = np.random.default_rng(21)
+    gain = Assertion("hit_rate", "B-new-start", "gain", True, min_effect=0.002)
+    outcomes = set()
+    for i in range(9):
+        base, cand = rng.normal(0.86, 0.001, 6), rng.normal(0.8605 + 0.002 * (i % 3), 0.001, 6)
+        samples = {gain.id: _blocked(list(base), list(cand)) if paired else
+                   (Trials(tuple(base)), Trials(tuple(cand)))}
+        [v] = evaluate([gain], samples, alpha=0.05, method=method)
+        assert (v.outcome == "pass") == (v.ci.low > 0.002), (v.ci, v.reason)
+        assert v.ci.low <= v.difference <= v.ci.high
+        outcomes.add(v.outcome)
+    assert "pass" in outcomes and len(outcomes) > 1, outcomes    # both sides of the boundary were met
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_holds_its_level_at_the_boundary(method: str) -> None:
+    """Seeded: a true improvement exactly at the minimum effect (the null's edge) passes at most alpha of the
+    time, within the 99 % binomial bound, paired and unpaired."""
+    rng = np.random.default_rng(5)
+    gain = Assertion("hit_rate", "B-new-start", "gain", True, min_effect=0.01, unit="fraction")
+    runs, alpha, passes = 200, 0.1, 0
+    for i in range(runs):
+        base = rng.normal(0.8, 0.01, 6)
+        cand = base + 0.01 + rng.normal(0, 0.01, 6)
+        samples = {gain.id: _blocked(list(base), list(cand)) if i % 2 else
+                   (Trials(tuple(base)), Trials(tuple(cand + rng.normal(0, 0.01, 6))))}
+        [v] = evaluate([gain], samples, alpha=alpha, method=method, seed=i)
+        passes += v.outcome == "pass"
+    bound = runs * alpha + 2.576 * math.sqrt(runs * alpha * (1 - alpha))
+    assert passes <= bound, (passes, bound)
+    assert passes >= 0.02 * runs, passes      # the test was not simply unable to pass
