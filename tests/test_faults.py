@@ -13,19 +13,20 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.support.labfaults import (STARTUP, SimRun, check_aftermath, check_samples, failed, failures,
-                                     requests_on_disk, rows, scenario_file)
+from tests.support.labfaults import (STARTUP, SimRun, check_aftermath, check_samples, check_stopped_by_preflight,
+                                     failed, failures, requests_on_disk, rows, scenario_file, skipped)
 from tests.support.labfixtures import REPO, QualifyRun, start_qualify, write_inventory
 from tests.support.waiting import wait_for
 
 if TYPE_CHECKING:
+    from tests.support.httpfixtures import StubServer
     from tests.support.sshd import SshdInstance, SshdLab
 
 pytestmark = pytest.mark.slow
@@ -119,20 +120,14 @@ def test_build_fault(tmp_path: Path, fault: BuildFault) -> None:
 def test_sudo_asks_for_a_password(tmp_path: Path) -> None:
     """A drop through `sudo` without a NOPASSWD line: preflight and the first trial say how to fix it."""
     lab = local_lab(tmp_path, server={"drop_caches": "echo 'sudo: a password is required' >&2; exit 1"})
-    run = lab.qualify("--seed", "3")
-    assert run.returncode == 1, run.output
+    run = lab.qualify_junit_outside("--seed", "3")
     for host in lab.hosts:
         message = failed(run, f"test_drop_caches[{host}]")
         assert f"host {host}" in message and "sudo: a password is required" in message, message
         assert "NOPASSWD" in message
-    # preflight fails fast: the qualification spends no lab time and says why
-    message = failed(run, "test_trials_completed")
-    assert "not run: preflight failed on test_drop_caches[gb10-a]: CommandFailed: host gb10-a" in message, message
-    assert "sudo: a password is required" in message and "NOPASSWD" in message
-    for test in VERDICT_TESTS:
-        message = failed(run, test)
-        assert "not run: preflight failed on" in message and "sudo: a password is required" in message
-    assert rows(run.run_dir() / "trials.csv") == []  # no server was started
+    # preflight fails fast: the qualification spends no lab time, each failure said once
+    check_stopped_by_preflight(run, *(f"test_drop_caches[{host}]" for host in lab.hosts))
+    assert "(and 2 more failed); no run folder kept" in run.tail()[0]
     check_aftermath(lab)
 
 
@@ -167,17 +162,13 @@ def wait_listening(address: str, port: int, proc: subprocess.Popen[bytes], timeo
 
 def test_stale_server_holds_the_port(stale_lab: tuple[SimRun, int]) -> None:
     lab, stale = stale_lab
-    run = lab.qualify("--seed", "3")
-    assert run.returncode == 1, run.output
+    run = lab.qualify_junit_outside("--seed", "3")
     preflight = failed(run, "test_port_free[gb10-a]")
     assert "host gb10-a rank 0" in preflight and f"process group {stale}" in preflight, preflight
     assert "--kill-stale" in preflight
     # preflight fails fast: no trial is started beside the stale server
-    started = failed(run, "test_all_ranks_started")
-    assert "not run: preflight failed on test_port_free[gb10-a]: StaleServer: host gb10-a rank 0" in started
-    assert "earlier run left is still running" in started and f"process group {stale}" in started, started
-    assert "--kill-stale" in started
-    assert rows(run.run_dir() / "trials.csv") == []
+    check_stopped_by_preflight(run, "test_port_free[gb10-a]")
+    assert "StaleServer: host gb10-a rank 0" in run.tail()[0] and f"process group {stale}" in run.tail()[0]
     check_aftermath(lab, left=(stale,))  # the stale rank is not this run's to stop without --kill-stale
     assert os.path.exists(f"/proc/{stale}")
 
@@ -215,13 +206,15 @@ class SshLab:
 
 
 def ssh_lab(tmp_path: Path, sshd_lab: SshdLab, *, known: tuple[str, ...] = ("gb10-a", "gb10-b", "gb10-c"),
-            repeat_c: int = 1) -> SshLab:
-    """Three hosts behind their own sshd; `known` are the hosts whose key is in known_hosts."""
+            repeat_c: int = 1, elsewhere: dict[str, tuple[str, int]] | None = None) -> SshLab:
+    """Three hosts behind their own sshd; `known` are the hosts whose key is in known_hosts; `elsewhere`
+    names hosts whose SSH address and port the inventory gives as another server's."""
     names = ("gb10-a", "gb10-b", "gb10-c")
     instances = {name: sshd_lab.start(name) for name in names}
     known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts", *(instances[n] for n in known))
-    hosts = [{"name": n, "address": i.address, "port": i.port, "rank": r, "transport": "ssh"}
-             for r, (n, i) in enumerate(instances.items())]
+    where = {n: (i.address, i.port) for n, i in instances.items()} | (elsewhere or {})
+    hosts = [{"name": n, "address": where[n][0], "port": where[n][1], "rank": r, "transport": "ssh"}
+             for r, n in enumerate(names)]
     ssh = {"user": sshd_lab.user, "identity_file": str(sshd_lab.client_key), "use_agent": False,
            "known_hosts": [str(known_hosts)], "connect_timeout_s": 5, "command_timeout_s": 30}
     path = write_inventory(tmp_path, hosts=hosts, ssh=ssh, noise="quiet")
@@ -275,39 +268,53 @@ def test_ssh_connection_of_a_host_drops_mid_trial(tmp_path: Path, sshd_lab: Sshd
 
 @pytest.mark.sshd
 def test_host_unreachable_at_preflight(tmp_path: Path, sshd_lab: SshdLab) -> None:
+    """One failure, which every test it blocks points to: not the same reason once per test."""
     setup = ssh_lab(tmp_path, sshd_lab)
     setup.sshd["gb10-c"].stop()
-    run = setup.lab.qualify("--seed", "3")
-    assert run.returncode == 1, run.output
+    run = setup.lab.qualify_junit_outside("--seed", "3")
     preflight = failed(run, "test_reachable[gb10-c]")
     address = f"{setup.sshd['gb10-c'].address}:{setup.sshd['gb10-c'].port}"
     assert "host gb10-c" in preflight and f"cannot connect to {sshd_lab.user}@{address}" in preflight, preflight
-    for test in ("test_all_ranks_started", "test_trials_completed", *VERDICT_TESTS):
-        message = failed(run, test)
-        assert "not run: preflight failed on test_reachable[gb10-c]: HostUnreachable: host gb10-c: " in message, message
-        assert "During handling" not in message  # the reason, not a chain of tracebacks
-    assert rows(run.run_dir() / "trials.csv") == []
+    assert "During handling" not in preflight  # the reason, not a chain of tracebacks
+    check_stopped_by_preflight(run, "test_reachable[gb10-c]")
+    assert run.output.count(f"cannot connect to {sshd_lab.user}@{address}") == 2, run.output  # its failure, the tail
     check_aftermath(setup.lab)
 
 
 @pytest.mark.sshd
 def test_unknown_host_key(tmp_path: Path, sshd_lab: SshdLab) -> None:
     setup = ssh_lab(tmp_path, sshd_lab, known=("gb10-a", "gb10-b"))
-    run = setup.lab.qualify("--seed", "3")
-    assert run.returncode == 1, run.output
+    run = setup.lab.qualify_junit_outside("--seed", "3")
     preflight = failed(run, "test_reachable[gb10-c]")
     assert "host gb10-c: the SSH host key of" in preflight and "is unknown" in preflight, preflight
     assert "in none of the known_hosts files" in preflight and "ssh-keyscan" in preflight
-    # one line for the host: its other checks are skipped, not failed alike
-    assert [n for n in failures(run) if n.endswith("[gb10-c]")] == ["test_reachable[gb10-c]"]
-    assert " 4 skipped" in run.output, run.output[-3000:]
-    assert not any("gb10-a]" in n or "gb10-b]" in n for n in failures(run))
-    message = failed(run, "test_all_ranks_started")
-    assert ("not run: preflight failed on test_reachable[gb10-c]: HostKeyRejected: host gb10-c: the SSH host key"
-            in message), message
-    assert rows(run.run_dir() / "trials.csv") == []
+    # one line for the host: its other checks are skipped, not failed alike, and so is the qualification
+    host_checks = {n: why for n, why in skipped(run).items() if n.endswith("[gb10-c]") and n.startswith("test_")
+                   and not n.startswith("test_reachable")}
+    assert len(host_checks) == 4 and set(host_checks.values()) == {"host gb10-c is unreachable (test_reachable "
+                                                                   "says why)"}, skipped(run)
+    check_stopped_by_preflight(run, "test_reachable[gb10-c]")
+    assert "HostKeyRejected: host gb10-c: the SSH host key" in run.tail()[0], run.tail()
     check_aftermath(setup.lab)
 
+
+@pytest.mark.sshd
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["one-process", "xdist"])
+def test_a_port_that_is_not_ssh_is_one_line(tmp_path: Path, sshd_lab: SshdLab, stub_servers: Callable[..., StubServer],
+                                            workers: tuple[str, ...]) -> None:
+    """gb10-c's SSH port is a real HTTP server's: one line naming the host, the port and what answered, no
+    paramiko traceback in the captured log, and the run stops at its preflight."""
+    web = stub_servers("127.0.0.97")
+    setup = ssh_lab(tmp_path, sshd_lab, elsewhere={"gb10-c": (web.host, web.port)})
+    run = setup.lab.qualify_junit_outside("--seed", "3", *workers)
+    message = failed(run, "test_reachable[gb10-c]")
+    line = (f"HostUnreachable: host gb10-c: {sshd_lab.user}@{web.host}:{web.port} is not an SSH server: it said "
+            "nothing within 5 s (an SSH server speaks first) and answered an SSH greeting with ")
+    headline, text = message.split("\n")   # JUnit's message and its text: the one line, no traceback
+    assert headline == f"Failed: {text}" and text == f"{line}'<!DOCTYPE HTML>'", message
+    assert "Traceback" not in run.output and "paramiko" not in run.output, run.output[-4000:]
+    assert "Captured log" not in run.output, run.output[-4000:]
+    check_stopped_by_preflight(run, "test_reachable[gb10-c]")
 
 
 def test_run_id_of_an_earlier_run_is_refused(tmp_path: Path) -> None:

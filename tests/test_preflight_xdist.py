@@ -23,6 +23,7 @@ from cache_qualify.samples import runfolder
 from cache_qualify.samples.runfolder import PreflightOutcome
 from tests.support.labfixtures import (REPO, inventory_port, run_qualify, small_scenario_option, wait_no_sim_processes,
                                        write_inventory)
+from tests.support.labfaults import PREFLIGHT_CHECKS
 from tests.test_resume import rows
 from tests.test_xdist import scenario_args, two_groups
 
@@ -40,39 +41,41 @@ def recorded(run_dir: Path) -> list[PreflightOutcome]:
 @pytest.mark.slow
 def test_a_preflight_failed_on_one_host_stops_every_worker(tmp_path: Path) -> None:
     """Two scenarios on two host groups, two workers; the port of gb10-f (second group) is taken by a
-    process the suite did not start: neither worker starts a server, and every scenario test says why."""
+    process the suite did not start: neither worker starts a server, the check's failure is the run's
+    one failure, every scenario test is skipped pointing to it, and no run folder is left."""
     inventory = two_groups(tmp_path)
     port = inventory_port(inventory)
     # gb10-f has no folder of the suite yet (a host it never ran on): no runner can hold it, so the
     # process on its port is a stranger
     assert not (tmp_path / "on-hosts" / "gb10-f").exists()
+    junit = tmp_path / "junit.xml"
     with socket.socket() as squatter:
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         squatter.bind(("127.0.0.16", port))
         squatter.listen()
-        run = run_qualify(inventory, tmp_path / "reports", *scenario_args(tmp_path), "-n", "2")
+        run = run_qualify(inventory, tmp_path / "reports", *scenario_args(tmp_path), "-n", "2", "--junitxml", str(junit))
     assert run.returncode == 1, run.output
     cases = run.testcases()
     failed = {name: failure.get("message", "") for name, case in cases.items()
               if (failure := case.find("failure")) is not None}
-    assert "test_port_free[gb10-f]" in failed, run.output
-    why = "not run: preflight failed on test_port_free[gb10-f]: StaleServer: host gb10-f rank 2"
+    assert list(failed) == ["test_port_free[gb10-f]"], run.output
+    assert f"port {port} on 127.0.0.16 is in use" in failed["test_port_free[gb10-f]"]
+    why = ("not run: blocked by the failed preflight check qualify/test_preflight.py::test_port_free[gb10-f]; "
+           "its failure says why")
     scenario_cases = [name for name in cases if name.startswith(SCENARIO_TESTS)]
     assert {name.split("[")[0] for name in scenario_cases} == set(SCENARIO_TESTS), sorted(cases)
     for name in scenario_cases:
-        message = failed.get(name, "(passed)")
-        assert message.startswith(f"Failed: {why}") and f"port {port} on 127.0.0.16 is in use" in message, (name, message)
-    # no lab time: no host group claimed, no server started, no trial
-    run_dir = run.run_dir()
-    trials = run_dir / "trials.csv"
-    assert not trials.exists() or rows(trials) == [], rows(trials)
-    assert not list(run_dir.glob("facts-*.json")) and not list((run_dir / "logs").iterdir())
-    assert not list(run_dir.glob(f"{runfolder.CLAIMS_DIR}/*.json"))
+        skipped = cases[name].find("skipped")
+        assert skipped is not None and skipped.get("message") == why, (name, run.output[-3000:])
+    blocked = len(list(run.junit().iter("skipped")))   # both scenarios' (a name of each may be the same)
+    assert blocked >= len(scenario_cases) and f"SKIPPED [{blocked}] " in run.output, run.output[-3000:]
+    # every preflight test ran (on either worker), and the run's tail says in one line what stopped it
+    assert len([name for name in cases if name.startswith(PREFLIGHT_CHECKS)]) == 1 + 5 * 6, sorted(cases)
+    assert run.tail() == [f"nothing measured: the preflight check test_port_free[gb10-f] failed: "
+                          f"{failed['test_port_free[gb10-f]'].removeprefix('Failed: ')}; no run folder kept"], run.output
+    # no lab time, nothing kept: no server started, no run folder
+    assert run.run_folders() == [], run.run_folders()
     assert wait_no_sim_processes(port) == []
-    # every preflight test recorded its outcome; the one failure is the one the scenario tests name
-    outcomes = recorded(run_dir)
-    assert len(outcomes) == 1 + 5 * 6, outcomes
-    assert [o.name for o in outcomes if o.outcome == "failed"] == ["test_port_free[gb10-f]"], outcomes
 
 
 @pytest.mark.slow

@@ -300,7 +300,7 @@ def test_unreachable_address_names_host_address_and_cause(
 
 @pytest.mark.parametrize(("says", "why"), [
     (b"HTTP/1.1 400 Bad Request\r\n\r\n", r"it answered 'HTTP/1\.1 400 Bad Request' \(an SSH server answers SSH-2\.0-\.\.\.\)"),
-    (None, r"it answered TCP but said nothing within 1 s \(an SSH server speaks first\)"),
+    (None, r"it answered TCP but said nothing within 1 s \(an SSH server speaks first\), nor to an SSH greeting"),
 ])
 def test_a_server_that_is_not_ssh_is_one_line_naming_host_port_and_what_answered(
         sshd_lab: SshdLab, tmp_path: Path, caplog: pytest.LogCaptureFixture, says: bytes | None, why: str) -> None:

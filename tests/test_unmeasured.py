@@ -4,7 +4,6 @@ selecting none, only the preflight) prints one line and leaves no run folder."""
 
 from __future__ import annotations
 
-import re
 import sqlite3
 from pathlib import Path
 
@@ -17,14 +16,6 @@ from cache_qualify.lab.transport import LocalTransport
 from cache_qualify.report.stopped import resume_command, why_undecided
 from cache_qualify.samples.records import Plan, RunOutcome, ScenarioOutcome
 from tests.support.labfixtures import run_qualify, write_inventory
-
-
-def section(output: str) -> list[str]:
-    """The lines of the terminal's cache-qualify section (without pytest's own last line under -q)."""
-    lines = output.splitlines()
-    start = next(i for i, line in enumerate(lines) if " cache-qualify " in line and line.startswith("="))
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("=")), len(lines))
-    return [line for line in lines[start + 1:end] if not re.match(r"\d+ (passed|deselected|tests? collected)", line)]
 
 
 @pytest.mark.slow
@@ -41,7 +32,7 @@ def test_a_run_that_met_a_held_lock_names_it_and_is_no_history_point(tmp_path: P
         run = run_qualify(inventory, tmp_path / "reports", "--run-id", "locked")
     assert run.returncode == 1, run.output
     held = "the lock " + str(directory / "lock") + " is held by user alice on runner runner-9 (run run-of-alice"
-    tail = section(run.output)
+    tail = run.tail()
     assert tail[0].startswith("INCONCLUSIVE  reread-1g: no verdict  the qualification could not run: LockHeld: "
                               f"host {host.name}: {held}"), tail
     assert "--lock-wait SECONDS waits for it" in tail[0]
@@ -66,7 +57,7 @@ def test_a_run_that_ends_before_any_trial_prints_one_line_and_leaves_no_folder(
     reports = tmp_path / "reports"
     run = run_qualify(inventory, reports, *options)
     assert run.returncode in (0, 5), run.output
-    assert section(run.output) == [f"nothing measured: {why}; no run folder kept"], run.output
+    assert run.tail() == [f"nothing measured: {why}; no run folder kept"], run.output
     assert not reports.exists() or not [p for p in reports.iterdir() if p.is_dir()], list(reports.iterdir())
     assert "could not be rendered" not in run.output and "--resume" not in run.output
 

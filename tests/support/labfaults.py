@@ -20,6 +20,8 @@ SCENARIO = "faults"
 REQUESTS = ("A", "A-new-start", "B", "C")
 STARTUP = "startup"
 ALL = "all"
+PREFLIGHT_CHECKS = ("test_ssh_identity", "test_reachable", "test_drop_caches", "test_builds_present", "test_port_free",
+                    "test_clock")
 
 
 def scenario_file(tmp_path: Path, *, timeout_s: float = 30.0, repeat_c: int = 1) -> Path:
@@ -68,6 +70,11 @@ class SimRun:
     def qualify(self, *extra: str, run_id: str = "fault", timeout_s: float = 240.0) -> QualifyRun:
         return run_qualify(self.inventory, self.reports, *self.args(run_id, *extra), timeout_s=timeout_s)
 
+    def qualify_junit_outside(self, *extra: str) -> QualifyRun:
+        """A run whose JUnit XML is written beside the reports folder (`--junitxml`), so a run that leaves
+        no run folder can still be read back."""
+        return self.qualify("--junitxml", str(self.reports.parent / "junit.xml"), *extra)
+
 
 def failures(run: QualifyRun) -> dict[str, str]:
     """Name -> message of every test that failed or errored, from the run's JUnit XML."""
@@ -78,6 +85,31 @@ def failures(run: QualifyRun) -> dict[str, str]:
             if element is not None:
                 found[name] = (element.get("message", "") + "\n" + (element.text or "")).strip()
     return found
+
+
+def skipped(run: QualifyRun) -> dict[str, str]:
+    """Name -> reason of every test that was skipped, from the run's JUnit XML."""
+    return {name: element.get("message", "") for name, case in run.testcases().items()
+            if (element := case.find("skipped")) is not None}
+
+
+def check_stopped_by_preflight(run: QualifyRun, *checks: str) -> None:
+    """The run stopped at its preflight, saying each failure once: the failed `checks` (test names),
+    every scenario test skipped pointing to them, one line in the terminal's tail, and no run folder."""
+    assert run.returncode == 1, run.output[-4000:]
+    assert sorted(failures(run)) == sorted(checks), run.output[-4000:]
+    points = ", ".join(f"qualify/test_preflight.py::{check}" for check in checks)
+    blocked = {n: why for n, why in skipped(run).items() if not n.startswith(PREFLIGHT_CHECKS)}
+    assert len(blocked) >= 6, run.output[-4000:]   # every qualification test of the scenario
+    for why in blocked.values():
+        assert why.startswith(f"not run: blocked by the failed preflight check{'s' if len(checks) > 1 else ''} "
+                              f"{points}; "), why
+    assert f"SKIPPED [{len(blocked)}] " in run.output, run.output[-4000:]   # one line for them all
+    tail = run.tail()
+    assert len(tail) == 1 and tail[0].startswith(f"nothing measured: the preflight check {checks[0]} failed: "), tail
+    assert tail[0].endswith("; no run folder kept"), tail
+    assert "could not be rendered" not in run.output and "--resume" not in run.output, run.output[-4000:]
+    assert run.run_folders() == [], run.run_folders()   # no trial started: nothing kept
 
 
 def failed(run: QualifyRun, test: str) -> str:

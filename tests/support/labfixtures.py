@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -156,19 +157,36 @@ def inventory_port(path: Path) -> int:
 
 @dataclass(frozen=True)
 class QualifyRun:
-    """A finished `pytest qualify` subprocess and where it wrote."""
+    """A finished `pytest qualify` subprocess and where it wrote (its JUnit XML where `--junitxml` said,
+    else in its run folder)."""
 
     returncode: int
     output: str
     reports: Path
+    junit_file: Path | None = None
 
     def run_dir(self) -> Path:
-        runs = sorted(p for p in self.reports.iterdir() if p.is_dir())
+        runs = self.run_folders()
         assert runs, f"no run folder in {self.reports}:\n{self.output}"
         return runs[-1]
 
+    def run_folders(self) -> list[Path]:
+        """The run folders in the reports folder (none: the run left none)."""
+        return sorted(p for p in self.reports.iterdir() if p.is_dir()) if self.reports.is_dir() else []
+
+    def junit_path(self) -> Path:
+        return self.junit_file or self.run_dir() / "junit.xml"
+
     def junit(self) -> ET.Element:
-        return ET.parse(self.run_dir() / "junit.xml").getroot()
+        return ET.parse(self.junit_path()).getroot()
+
+    def tail(self) -> list[str]:
+        """The lines of the terminal's cache-qualify section (without pytest's own last line under -q)."""
+        lines = self.output.splitlines()
+        start = next(i for i, line in enumerate(lines) if " cache-qualify " in line and line.startswith("="))
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("=")), len(lines))
+        return [line for line in lines[start + 1:end]
+                if not re.match(r"\d+ (passed|deselected|tests? collected)", line)]
 
     def testcases(self) -> dict[str, ET.Element]:
         return {case.get("name", ""): case for case in self.junit().iter("testcase")}
@@ -180,8 +198,7 @@ class QualifyRun:
         shown failure `ci_low > null_boundary`; the bad-start check fails exactly when `p_value < level`.
         Returns the verdicts that break it (none), and (`required`) checks that there were verdicts to read."""
         broken, read = [], 0
-        junit = self.run_dir() / "junit.xml"
-        if not required and not junit.is_file():
+        if not required and (self.junit_file is None and not self.run_folders() or not self.junit_path().is_file()):
             return []
         for name, case in self.testcases().items():
             props = {p.get("name", ""): p.get("value", "") for p in case.iter("property")}
@@ -232,12 +249,21 @@ def run_qualify(inventory: Path, reports: Path, *args: str, timeout_s: float = 3
     """Run the real `pytest qualify` on `inventory`, from the repository, and wait for it."""
     proc = subprocess.run(qualify_command(inventory, reports, *args), cwd=REPO, capture_output=True, text=True,
                           timeout=timeout_s, env={**os.environ, **(env or {})})
-    run = QualifyRun(proc.returncode, proc.stdout + proc.stderr, reports)
+    run = QualifyRun(proc.returncode, proc.stdout + proc.stderr, reports, junit_file=junit_option(args))
     # every verdict of every end-to-end run of the suite reads as docs/statistics.md says it does
-    broken = run.reading_rule_violations(required=False) if reports.is_dir() and any(
-        p.is_dir() for p in reports.iterdir()) else []
+    broken = run.reading_rule_violations(required=False)
     assert broken == [], "verdicts that break the reading rule:\n" + "\n".join(broken)
     return run
+
+
+def junit_option(args: Sequence[str]) -> Path | None:
+    """The file `--junitxml` names among a command line's `args` (None: not given)."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--junitxml="):
+            return Path(arg.split("=", 1)[1])
+        if arg == "--junitxml" and i + 1 < len(args):
+            return Path(args[i + 1])
+    return None
 
 
 def _as_from_a_terminal() -> None:
