@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 
 from cache_qualify.config.scenario import find_scenario, load_scenario
+from cache_qualify.config.profiles import resolve
 from cache_qualify.stats.scenario_assertions import assertions_for
 from tests.support.labfixtures import (QualifyRun, committed_inventory, inventory_port, run_qualify, wait_no_sim_processes,
                                        write_inventory)
@@ -181,7 +182,7 @@ def test_plan_samples_of_a_run_sizes_its_own_assertions_at_its_alpha_in_seconds(
 
     rows, took = plan(default_run.run_dir())
     assert took < 60, took
-    expected = [(a.metric, a.request, a.kind) for a in assertions_for(load_scenario(find_scenario("reread-1g")))
+    expected = [(a.metric, a.request, a.kind) for a in assertions_for(load_scenario(find_scenario("reread-1g")), resolve("flare"))
                 if a.kind != "no_excess"]
     assert [(r["metric"], r["request"], r["kind"]) for r in rows] == expected
     by = {(r["metric"], r["request"]): r for r in rows}

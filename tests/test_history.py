@@ -318,7 +318,7 @@ def test_plan_sizes_from_the_past_noise_within_runs(tmp_path: Path, capsys: pyte
               for values, shift in zip(history_sim.quiet_series(rng, 5), (0, 0.01, -0.01, 0.02, 0))]
     folders = history_sim.write_series(tmp_path, [list(v) for v in series])
     cli(capsys, "history", "import", "--reports-dir", str(tmp_path), *map(str, folders))
-    out = json.loads(cli(capsys, "plan", "--history", default_url(tmp_path), "--scenario", "reread-1g",
+    out = json.loads(cli(capsys, "plan", "--runtime", "flare", "--history", default_url(tmp_path), "--scenario", "reread-1g",
                          "--effect", "0.03", "--json"))
     sizing, = (s for s in out["sizings"] if s["trials_per_build"] is not None)   # the only one the history has
     within = math.sqrt(sum(((v - v.mean()) ** 2).sum() for v in series) / (20 - 5))
@@ -326,7 +326,7 @@ def test_plan_sizes_from_the_past_noise_within_runs(tmp_path: Path, capsys: pyte
     assert sizing["request"] == "B-new-start" and sizing["metric"] == "hit_rate" and len(out["sizings"]) == 8
     # each run's set4 has a ref of its own, and the noise is pooled only from the same build's runs
     assert "known for 0 of 8 assertion(s)" in out["note"] and out["start_time"] is None
-    assert main(["plan", "--history", default_url(tmp_path), "--scenario", "long-prompt", "--effect", "0.1"]) == 2
+    assert main(["plan", "--runtime", "flare", "--history", default_url(tmp_path), "--scenario", "long-prompt", "--effect", "0.1"]) == 2
     assert "no trials of scenario 'long-prompt'" in capsys.readouterr().err
 
 
@@ -345,7 +345,7 @@ def test_plan_sizes_each_candidate_of_a_tournament_in_the_history(tmp_path: Path
                   for b, m in means.items()}
         folders.append(history_sim.write_folder(tmp_path, plan, starts))
     cli(capsys, "history", "import", "--reports-dir", str(tmp_path), *map(str, folders))
-    args = ("plan", "--history", default_url(tmp_path), "--scenario", "reread-1g", "--effect", "0.03")
+    args = ("plan", "--runtime", "flare", "--history", default_url(tmp_path), "--scenario", "reread-1g", "--effect", "0.03")
     out = json.loads(cli(capsys, *args, "--json"))
     assert out["baseline"] == "set4" and [c["candidate"] for c in out["candidates"]] == ["set8", "two_choice"]
     found = [next(s["sd"] for s in c["sizings"] if s["trials_per_build"] is not None) for c in out["candidates"]]

@@ -23,6 +23,7 @@ from cache_qualify.history.priors import plan_history
 from cache_qualify.history.store import default_url
 from cache_qualify.qualification import AA_SUFFIX
 from cache_qualify.samples.records import BuildRecord, Plan
+from cache_qualify.config.profiles import resolve
 from cache_qualify.stats.scenario_assertions import assertions_for
 from cache_qualify.stats.verdict import Trials, carry, decided, evaluate
 from tests.support import history_sim
@@ -65,7 +66,7 @@ def write_history(reports: Path, runs: int = 5, *, seed: int = 1, timed: bool = 
 
 def plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
     capsys.readouterr()
-    assert main(["plan", *args, "--json"]) == 0
+    assert main(["plan", "--runtime", "flare", *args, "--json"]) == 0
     out: dict[str, Any] = json.loads(capsys.readouterr().out)
     return out
 
@@ -76,7 +77,7 @@ def gate(url: str, plan: dict[str, Any], looks: tuple[int, ...], *, history: boo
     look, on block differences whose SD is the history's (the history's own estimate of it drawn afresh for each
     run, as plan simulates it), each assertion's truth as the plan sized it."""
     scenario = load_scenario(find_scenario("reread-1g"))
-    wanted = [a for a in assertions_for(scenario) if a.kind != "no_excess"]
+    wanted = [a for a in assertions_for(scenario, resolve("flare")) if a.kind != "no_excess"]
     past = plan_history(url, scenario="reread-1g", lab=None, assertions=wanted, baseline="set4",
                         candidate="two_choice", suffix=AA_SUFFIX)
     sized = {(s["metric"], s["request"]): s for s in plan["sizings"]}
@@ -154,7 +155,7 @@ def test_plan_prints_the_starts_and_lab_time_four_ways(tmp_path: Path, capsys: p
     assert "no inventory given (--hosts)" in plan["groups"]
 
     capsys.readouterr()
-    assert main(["plan", "--history", url, "--scenario", "reread-1g"]) == 0
+    assert main(["plan", "--runtime", "flare", "--history", url, "--scenario", "reread-1g"]) == 0
     text = capsys.readouterr().out
     assert "Recommended:" in text and "| history | `--trials" in text and "--history-noise` | 2.." in text
     assert "Lab time per start: the mean of 20 recorded start(s) of set4 and 20 of two_choice in 5 run(s)" in text
@@ -176,7 +177,7 @@ def test_plan_names_the_host_groups_and_an_unknown_lab_time(tmp_path: Path, caps
     two = write_inventory(tmp_path / "two", hosts=hosts, groups=groups)
     plan = plan_json(capsys, "--history", url, "--scenario", "reread-1g", "--hosts", str(two))
     assert "groups tp-1, tp-2 can run the arms side by side" in plan["groups"]
-    assert main(["plan", "--history", url, "--scenario", "reread-1g"]) == 0
+    assert main(["plan", "--runtime", "flare", "--history", url, "--scenario", "reread-1g"]) == 0
     assert "lab time per start: unknown" in capsys.readouterr().out.lower()
 
 
@@ -188,9 +189,10 @@ def test_plan_history_bad_input_is_explained(tmp_path: Path, capsys: pytest.Capt
             (["--scenario", "reread-1g", "--baseline", "set8"], "--baseline 'set8' is not a build"),
             (["--scenario", "no-such-scenario"], "unknown scenario 'no-such-scenario'")):
         capsys.readouterr()
-        assert main(["plan", "--history", url, *args]) == 2
+        assert main(["plan", "--runtime", "flare", "--history", url, *args]) == 2
         assert expected in capsys.readouterr().err, args
-    assert main(["plan", "--history", "mysqlx://db/qualify", "--scenario", "reread-1g"]) == 2
+    assert main(["plan", "--runtime", "flare", "--history", "mysqlx://db/qualify", "--scenario",
+                 "reread-1g"]) == 2
     assert "no driver for 'mysqlx'" in capsys.readouterr().err
     with pytest.raises(HistoryError, match="no ok starts of the baseline build 'set8'"):
         plan_history(url, scenario="reread-1g", lab=None, assertions=[], baseline="set8", candidate="set4",

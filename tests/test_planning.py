@@ -67,7 +67,7 @@ def test_a_predicted_effect_below_min_effect_or_a_worse_candidate_is_not_sized_a
 def test_plan_from_a_pilot_uses_the_combined_rows_both_builds_and_the_sd_bound(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     values = _write_pilot(tmp_path / "samples.csv", builds={"set4": 0.860, "two_choice": 0.862}, sd=0.002, trials=6)
-    assert main(["plan", "--samples", str(tmp_path), "--family-size", "2"]) == 0
+    assert main(["plan", "--runtime", "flare", "--samples", str(tmp_path), "--family-size", "2"]) == 0
     out = capsys.readouterr().out
     sd = math.sqrt((values["set4"].var(ddof=1) + values["two_choice"].var(ddof=1)) / 2)
     effect = values["two_choice"].mean() - values["set4"].mean()
@@ -87,7 +87,7 @@ def test_plan_from_a_pilot_of_a_known_scenario_sizes_its_assertions_at_its_alpha
     Without a known scenario a note says every quantity is taken as a gain at 0."""
     _write_pilot(tmp_path / "samples.csv", builds={"set4": 0.86, "two_choice": 0.99}, sd=0.002, trials=4,
                  scenario="reread-1g")
-    assert main(["plan", "--samples", str(tmp_path / "samples.csv")]) == 0
+    assert main(["plan", "--runtime", "flare", "--samples", str(tmp_path / "samples.csv")]) == 0
     out = capsys.readouterr().out
     assert "all 4 gain(s) pass (1 of them sized here)" in out and "at alpha 0.01" in out
     assert "| hit_rate | B-new-start | gain | 86.00 % |" not in out
@@ -96,8 +96,23 @@ def test_plan_from_a_pilot_of_a_known_scenario_sizes_its_assertions_at_its_alpha
     assert "Unsized (7): gain hit_rate[A-third-read], gain readiness_wait_ns[B-new-start]" in out
     assert "no_regression kv_pages[startup]" in out
     _write_pilot(tmp_path / "samples.csv", builds={"set4": 0.86, "two_choice": 0.99}, sd=0.002, trials=4)
-    assert main(["plan", "--samples", str(tmp_path / "samples.csv")]) == 0
+    assert main(["plan", "--runtime", "flare", "--samples", str(tmp_path / "samples.csv")]) == 0
     assert "every quantity is sized as a gain at null 0" in capsys.readouterr().err
+
+
+def test_a_scenarios_assertions_are_sized_only_on_a_runtime_the_command_line_or_the_run_names(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No runtime is assumed: a bare samples file of a shipped scenario without --runtime or --hosts is
+    refused in one line that says what to give; with a runtime, the scenario is sized on that one's profile."""
+    _write_pilot(tmp_path / "samples.csv", builds={"set4": 0.86, "two_choice": 0.99}, sd=0.002, trials=4,
+                 scenario="reread-1g")
+    wanted = ("a scenario's assertions take their directions and units from the runtime's profile: give "
+              "--runtime NAME (flare, llama-cpp, sglang, vllm) or the lab's inventory (--hosts PATH)")
+    capsys.readouterr()
+    assert main(["plan", "--samples", str(tmp_path / "samples.csv")]) == 2
+    assert capsys.readouterr().err.strip().endswith(wanted)
+    assert main(["plan", "--runtime", "llama-cpp", "--samples", str(tmp_path / "samples.csv")]) == 2
+    assert "runtime llama-cpp does not export 'readiness_wait_ns'" in capsys.readouterr().err
 
 
 def test_gains_that_move_together_need_less_power_each_and_apart_more() -> None:
@@ -117,9 +132,10 @@ def test_gains_that_move_together_need_less_power_each_and_apart_more() -> None:
 
 def test_plan_with_one_build_takes_the_predicted_effect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _write_pilot(tmp_path / "samples.csv", builds={"set4": 0.86}, sd=0.001, trials=5)
-    assert main(["plan", "--samples", str(tmp_path / "samples.csv")]) == 2
+    assert main(["plan", "--runtime", "flare", "--samples", str(tmp_path / "samples.csv")]) == 2
     assert "give the predicted `--effect`" in capsys.readouterr().err
-    assert main(["plan", "--samples", str(tmp_path / "samples.csv"), "--effect", "0.13", "--json"]) == 0
+    assert main(["plan", "--runtime", "flare", "--samples", str(tmp_path / "samples.csv"), "--effect", "0.13",
+                 "--json"]) == 0
     [row] = json.loads(capsys.readouterr().out)
     assert row["effect"] == 0.13 and row["trials_per_build"] == 2
 
@@ -132,7 +148,7 @@ def test_plan_with_one_build_takes_the_predicted_effect(tmp_path: Path, capsys: 
 def test_plan_explains_unusable_pilots(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str,
                                        message: str) -> None:
     (tmp_path / "samples.csv").write_text(content)
-    assert main(["plan", "--samples", str(tmp_path / "samples.csv")]) == 2
+    assert main(["plan", "--runtime", "flare", "--samples", str(tmp_path / "samples.csv")]) == 2
     err = capsys.readouterr().err
     assert str(tmp_path / "samples.csv") in err
     assert re.search(message, err)
@@ -143,7 +159,7 @@ def test_plan_refuses_missing_inputs_and_unknown_builds(tmp_path: Path, capsys: 
     assert ("give a pilot run (`--samples PATH`), `--emulate` with two policies, or a predicted `--sd` "
             "(with `--effect` or `--min-effect`)") in capsys.readouterr().err
     _write_pilot(tmp_path / "samples.csv", builds={"set4": 0.86, "lru4": 0.85}, sd=0.001, trials=4)
-    assert main(["plan", "--samples", str(tmp_path), "--candidate", "set8"]) == 2
+    assert main(["plan", "--runtime", "flare", "--samples", str(tmp_path), "--candidate", "set8"]) == 2
     assert "--candidate 'set8' is not a build of the pilot; it has set4, lru4" in capsys.readouterr().err
 
 
@@ -190,7 +206,8 @@ def test_plan_emulate_sizes_at_the_scenarios_alpha_and_says_what_it_did_not_size
 
 
 def test_plan_prints_values_in_their_units(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "--metric", "readiness_wait_ns", "--min-effect", "2e8", "--sd", "3.5e8"]) == 0
+    assert main(["plan", "--runtime", "flare", "--metric", "readiness_wait_ns", "--min-effect", "2e8",
+                 "--sd", "3.5e8"]) == 0
     assert "| readiness_wait_ns | - | gain | - | - | +0.3 s | +0.2 s | 0.35 s |" in capsys.readouterr().out
 
 

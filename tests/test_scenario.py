@@ -50,7 +50,7 @@ def test_base_scenario_defaults(tmp_path: Path) -> None:
     assert scenario.expectations[2].request == "*"
     assert (scenario.prefix_reuse, scenario.max_invalid_trials) == ("forbid", 2)
     # the scenario's three expectations, then the bad-start check (fewer bad starts are better)
-    assert [(a.kind, a.higher_is_better) for a in assertions_for(scenario)] == [
+    assert [(a.kind, a.higher_is_better) for a in assertions_for(scenario, resolve("flare"))] == [
         ("gain", True), ("no_regression", True), ("no_regression", True), ("no_excess", False)]
 
 
@@ -190,7 +190,7 @@ def test_reread_1g_asks_for_the_reports_gains() -> None:
     scenario = load_scenario(find_scenario("reread-1g"))
     gains = {(e.metric, e.request) for e in scenario.expectations if e.kind == "gain"}
     assert gains == {(m, r) for m in ("hit_rate", "readiness_wait_ns") for r in ("B-new-start", "A-third-read")}
-    assert all(a.min_effect > 0 for a in assertions_for(scenario) if a.kind == "gain")
+    assert all(a.min_effect > 0 for a in assertions_for(scenario, resolve("flare")) if a.kind == "gain")
 
 
 def test_long_prompt_fits_and_rereads() -> None:
@@ -263,7 +263,7 @@ def test_a_min_effect_is_written_in_the_unit_people_read_or_the_recorded_one(
 
 def test_a_margin_is_a_fraction_or_a_per_cent_of_the_baseline(tmp_path: Path) -> None:
     scenario = load_scenario(write(tmp_path, edit("margin: 0.05}", "margin: 5 %}")))
-    assert [a.margin for a in assertions_for(scenario) if a.kind == "no_regression"] == [pytest.approx(0.05), 0.02]
+    assert [a.margin for a in assertions_for(scenario, resolve("flare")) if a.kind == "no_regression"] == [pytest.approx(0.05), 0.02]
 
 
 def test_forbidding_prefix_reuse_needs_a_runtime_that_reports_cached_tokens(tmp_path: Path) -> None:

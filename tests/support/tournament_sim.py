@@ -64,9 +64,10 @@ def scenario_shape(scenario: str = "reread-1g") -> Shape:
     """validation's reread-1g noise at the study's means, with the shipped scenario's own assertions
     (minimum effects and margins)."""
     from cache_qualify.config.scenario import find_scenario, load_scenario
+    from cache_qualify.config.profiles import resolve
     from cache_qualify.stats.scenario_assertions import assertions_for
 
-    own = {(a.metric, a.request): a for a in assertions_for(load_scenario(find_scenario(scenario)))}
+    own = {(a.metric, a.request): a for a in assertions_for(load_scenario(find_scenario(scenario)), resolve("flare"))}
     items = tuple(replace(i, mean=STUDY_MEANS.get((i.metric, i.request), i.mean)) for i in SHAPES["reread-1g"])
     return Shape(items, tuple(own.get((i.metric, i.request), i.assertion(0.0)) for i in items))
 
