@@ -8,6 +8,7 @@ import pytest
 
 from cache_qualify.errors import ScenarioError
 from cache_qualify.config.profiles import resolve
+from cache_qualify.methods import NAMES
 from cache_qualify.config.scenario import available_scenarios, check_against, find_scenario, load_scenario
 from cache_qualify.stats.scenario_assertions import assertions_for
 from tests.support.labfixtures import REPO, edited, write_file
@@ -108,7 +109,7 @@ MALFORMED: list[tuple[str, str, str, str, int | None]] = [
     ("bad-id-range", "  default: true\n", "  default: true\n  id_range: [10, 3]\n",
      r"corpus\.id_range: expected \[low, high\] with 0 <= low <= high, found \[10, 3\]", 5),
     ("bad-test", "trials: 4\n", "trials: 4\ntest: ttest\n",
-     r":11: test: expected 'welch', 'mannwhitney' or 'permutation', found 'ttest'", 11),
+     rf":11: test: expected {', '.join(repr(n) for n in NAMES[:-1])} or {NAMES[-1]!r}, found 'ttest'", 11),
     ("alpha-too-big", "trials: 4\n", "trials: 4\nalpha: 0.5\n", r"alpha: expected a value less than 0\.5", 11),
     ("one-trial", "trials: 4", "trials: 1", r":10: trials: expected a value greater than or equal to 2", 10),
     ("max-trials-below-trials", "trials: 4\n", "trials: 4\nmax_trials: 3\n",
