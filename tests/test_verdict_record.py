@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import fields
 from pathlib import Path
 
@@ -47,7 +48,12 @@ def test_verdicts_json_and_junit_show_the_same_figures(tmp_path: Path) -> None:
     for name, how in figures():
         if name in expected:
             value = written[name]
-            assert shown[name] == (ns.to_shown(value) if how.in_unit and isinstance(value, float) else value), name
+            if not isinstance(value, float):
+                assert shown[name] == value, name
+                continue
+            # JUnit's figure is the record's, in the shown unit, to the digits it means (tests/test_junit.py)
+            exact = ns.to_shown(value) if how.in_unit else value
+            assert math.isclose(shown[name], exact, rel_tol=5e-6 if how.in_unit else 5e-4), name
     assert shown["unit"] == ns.shown and record.outcome == "pass"
 
 
