@@ -108,6 +108,7 @@ def test_both_builds_finish_ok_with_samples_for_every_request_and_host(sim: SimL
         table = per_request(sim.samples(build, result.row.trial))
         assert set(table.index) == {(r, h) for r in REQUESTS for h in (*HOSTS, ALL)}
         assert not table[list(COUNTS) + ["hit_rate", "readiness_wait_ns"]].isna().any().any()
+        assert not sim.samples(build, result.row.trial)["value"].isna().any()   # what is not measured: no row
         startup = sim.samples(build, result.row.trial).query("request == @STARTUP")
         assert set(startup[startup["metric"] == "kv_pages"]["host"]) == {*HOSTS, ALL}
         assert set(startup[startup["metric"] == "page_cache_dropped"]["host"]) == set(HOSTS)
