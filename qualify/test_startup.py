@@ -10,12 +10,15 @@ from cache_qualify.qualification import Qualifier
 
 
 def test_all_ranks_started(qualifier: Qualifier, scenario_name: str) -> None:
+    """Every rank of both builds started in every trial (a failure names host, rank, exit status, log)."""
     check_started(qualifier.result(scenario_name))
 
 
 @pytest.mark.assertions_per("start")
-def test_per_start(qualifier: Qualifier, scenario_name: str, candidate: str, assertion_id: str,
-                  record_property: RecordProperty) -> None:
+def test_start_quantity(qualifier: Qualifier, scenario_name: str, candidate: str, assertion_id: str,
+                        record_property: RecordProperty) -> None:
+    """Named after the quantity (``test_kv_pages[kv_pages-no_regression[startup]]``): the candidate's
+    starts show the gain asked for, or no regression beyond the margin, at the scenario's alpha."""
     check_verdict(qualifier.result(scenario_name), assertion_id, record_property, candidate)
 
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slow
 
-VERDICT_TESTS = ("test_per_start", "test_row_cache")
+VERDICT_TESTS = ("test_kv_pages", "test_row_cache")
 
 
 def fault_build(fault: str, rank: int) -> dict[str, Any]:

@@ -88,9 +88,9 @@ def test_a_host_memory_prompt_cache_passes_on_exact_re_sends(inventory: Inventor
     seen = outcomes(run)
     for gain in ("hit_rate-gain[A-again]", "hit_rate-gain[B-again]", "prompt_time-gain[A-again]",
                  "prompt_time-gain[B-again]"):
-        assert seen[f"test_row_cache[{gain}]"] == "passed", run.output
-    assert seen["test_per_start[kv_pages-no_regression[startup]]"] == "passed"
-    assert seen["test_no_prefix_cache_reuse[llama-cpp-resend]"] == "passed"   # measured, never voided
+        assert seen[f"test_prompt_cache[{gain}]"] == "passed", run.output
+    assert seen["test_kv_pages[kv_pages-no_regression[startup]]"] == "passed"
+    assert seen["test_no_counter_reset[llama-cpp-resend]"] == "passed"   # reuse measured, no trial voided
     assert {t["outcome"] for t in trials(run)} == {"ok"}
     cached = samples_of(run, "cached_tokens", "ram-cache")
     assert cached and max(cached) == 4_999                    # a re-send recomputes its last token
@@ -107,8 +107,8 @@ def test_reuse_by_kv_shifting_passes_on_re_reads_that_drop_their_first_tokens(in
                   *ROOM_TO_DECIDE)
     assert run.returncode == 0, run.output
     seen = outcomes(run)
-    assert seen["test_row_cache[hit_rate-gain[A-shifted]]"] == "passed"
-    assert seen["test_row_cache[prompt_time-gain[B-shifted]]"] == "passed"
+    assert seen["test_prompt_cache[hit_rate-gain[A-shifted]]"] == "passed"
+    assert seen["test_prompt_cache[prompt_time-gain[B-shifted]]"] == "passed"
     assert max(samples_of(run, "cached_tokens", "cache-reuse")) == 4_983   # 5,000 - 16 - the last one
 
 
@@ -125,7 +125,7 @@ def test_a_smaller_context_fails_kv_non_regression(inventory: Inventory, tmp_pat
         "--cache-ram", "0", "-c", "6144"]}}
     run = qualify(inventory(builds=small), tmp_path, RESEND, "--candidate", "small-context", "--max-trials", "4")
     assert run.returncode == 1, run.output
-    case = run.testcases()["test_per_start[kv_pages-no_regression[startup]]"]
+    case = run.testcases()["test_kv_pages[kv_pages-no_regression[startup]]"]
     failure = case.find("failure")
     assert failure is not None, run.output
     assert "kv_pages-no_regression[startup] (" in (failure.get("message") or "") + (failure.text or "")
@@ -166,6 +166,6 @@ def over_ssh(sshd_lab: SshdLab, sshd_host: SshdInstance, inventory: Inventory, t
 def test_the_prompt_cache_passes_over_a_real_sshd(over_ssh: Path, tmp_path: Path) -> None:
     run = qualify(over_ssh, tmp_path, RESEND, *ROOM_TO_DECIDE)
     assert run.returncode == 0, run.output
-    assert outcomes(run)["test_row_cache[hit_rate-gain[A-again]]"] == "passed"
+    assert outcomes(run)["test_prompt_cache[hit_rate-gain[A-again]]"] == "passed"
     plan = json.loads((run.run_dir() / "plan.json").read_text(encoding="utf-8"))
     assert plan["lab"] == "llama-cpu"

@@ -27,7 +27,7 @@ from tests.support.labfaults import PREFLIGHT_CHECKS
 from tests.test_resume import rows
 from tests.test_xdist import scenario_args, two_groups
 
-SCENARIO_TESTS = ("test_all_ranks_started", "test_per_start", "test_no_prefix_cache_reuse", "test_trials_completed",
+SCENARIO_TESTS = ("test_all_ranks_started", "test_kv_pages", "test_no_prefix_cache_reuse", "test_trials_completed",
                   "test_counter_consistency", "test_row_cache")
 
 

@@ -47,7 +47,7 @@ def test_gate_passes_three_candidates_and_fails_lru4_on_the_third_read(four: Qua
     assert four.returncode == 1, four.output  # each candidate is a gate of its own: lru4 fails the run
     for candidate in ("set8", "set16", "two_choice"):
         for aid in GAINS + ("kv_pages-no_regression[startup]",):
-            test = "test_per_start" if aid.startswith("kv_pages") else "test_row_cache"
+            test = "test_kv_pages" if aid.startswith("kv_pages") else "test_row_cache"
             assert _failure(four, f"{test}[{candidate}:{aid}]") is None, candidate + aid
     third = _failure(four, "test_row_cache[lru4:hit_rate-gain[A-third-read]]")
     assert third is not None and "hit_rate-gain[A-third-read] (lru4 vs set4): candidate - baseline" in third

@@ -95,5 +95,5 @@ def test_assertions_are_named_without_the_recorded_unit_and_old_names_still_sele
                                "--collect-only", "-q", "-k", selected, cwd=REPO)
     assert status == 0, lines
     assert [line for line in lines if "::" in line] == [
-        "qualify/test_row_cache.py::test_row_cache[readiness_wait-gain[B-new-start]]",
-        "qualify/test_row_cache.py::test_row_cache[readiness_wait-gain[A-third-read]]"], lines
+        "qualify/test_cache.py::test_row_cache[readiness_wait-gain[B-new-start]]",
+        "qualify/test_cache.py::test_row_cache[readiness_wait-gain[A-third-read]]"], lines

@@ -163,9 +163,9 @@ def over_ssh(sshd_lab: SshdLab, sshd_host: SshdInstance, inventory: Inventory, t
 def test_prefix_caching_passes_over_a_real_sshd(over_ssh: Path, tmp_path: Path) -> None:
     run = qualify(over_ssh, tmp_path, *THREE_STARTS)
     seen = outcomes(run)
-    assert seen["test_row_cache[hit_rate-gain[A-again]]"] == "passed", run.output
-    assert seen["test_row_cache[hit_rate-gain[B-again]]"] == "passed", run.output
-    assert seen["test_per_start[kv_pages-no_regression[startup]]"] == "passed", run.output
+    assert seen["test_prefix_cache[hit_rate-gain[A-again]]"] == "passed", run.output
+    assert seen["test_prefix_cache[hit_rate-gain[B-again]]"] == "passed", run.output
+    assert seen["test_kv_pages[kv_pages-no_regression[startup]]"] == "passed", run.output
     check_prefill_gain(run, "prefix-caching")
     assert run.returncode == (1 if "failed" in seen.values() else 0), run.output
     assert {t["outcome"] for t in rows(run, "trials.csv")} == {"ok"}
