@@ -91,3 +91,5 @@ def test_k_selects_assertions_and_junit_summary_and_verdicts_agree(tmp_path: Pat
               and "[" in line.split("`")[1]]
     assert sorted(listed) == chosen, summary
     assert "2 / 0 / 0" in summary
+    assert ("**May merge** `two_choice` as far as the selected assertions go: each passed; 7 assertion(s) were "
+            "not selected (-k, --lf) and not decided (exit status 0).") in summary
