@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,15 +76,17 @@ def test_a_prompt_cache_run_reads_as_prompt_cache_tests(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_k_selects_assertions_and_junit_summary_and_verdicts_agree(tmp_path: Path) -> None:
+@pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["one-process", "xdist"])
+def test_k_selects_assertions_and_junit_summary_and_verdicts_agree(tmp_path: Path, xdist: tuple[str, ...]) -> None:
     """`-k "row_cache and B-new-start"` decides those two assertions only: the run says so in one line,
     and JUnit, verdicts.json and summary.md hold the same two verdicts (the others are not decided)."""
     chosen = ["hit_rate-gain[B-new-start]", "readiness_wait-gain[B-new-start]"]
-    run = run_qualify(write_inventory(tmp_path), tmp_path / "reports", "-k", "row_cache and B-new-start")
+    run = run_qualify(write_inventory(tmp_path), tmp_path / "reports", "-k", "row_cache and B-new-start", *xdist)
     assert run.returncode == 0, run.output
-    assert (f"reread-1g: 2 assertion(s) selected ({', '.join(chosen)}); only these are decided"
-            in run.output), run.output
-    assert sorted(run.testcases()) == [f"test_row_cache[{i}]" for i in chosen]
+    line = f"[cache-qualify] reread-1g: 2 assertion(s) selected ({', '.join(chosen)}); only these are decided"
+    assert run.output.count(line) == 1, run.output
+    # under xdist a case's name carries its scenario's group (`...]@reread-1g]`), as every qualification's does
+    assert sorted(re.sub(r"@[^@\]]*\]$", "", name) for name in run.testcases()) == [f"test_row_cache[{i}]" for i in chosen]
     verdicts = json.loads((run.run_dir() / "verdicts-reread-1g.json").read_text())
     assert sorted(v["id"] for v in verdicts) == chosen
     summary = (run.run_dir() / "summary.md").read_text()
