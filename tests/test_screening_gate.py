@@ -43,6 +43,34 @@ def test_screening_flags_normal_noise_no_more_often_than_one_gate() -> None:
     assert flagged <= binomial_bound(runs, FALSE_FLAG_RATE / k), flagged
 
 
+def test_screening_flags_the_shared_baseline_alike_in_every_comparison() -> None:
+    """A baseline start 5 SD out, candidates 3x as noisy: flagged per comparison, the baseline's starts were
+    set aside in some candidates' comparisons and not in others of the same look; flagged once per look, every
+    comparison sets aside the same ones, and a candidate's own flags stay its own."""
+    item = SHAPES["reread-1g"][0]
+    gain = item.assertion(0.0)
+    rng = np.random.default_rng(32)
+    runs, k, n = 200, 3, 8
+    blocks = tuple(range(n))
+    names = [f"c{j}" for j in range(k)]
+    scale = np.sqrt(np.r_[1.0, np.full(k, 3.0)])[:, None]
+    baseline_flagged = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", VerdictWarning)
+        for _ in range(runs):
+            values = item.mean + item.sd * scale * rng.standard_normal((k + 1, n))
+            values[0, 2] -= 5 * item.sd
+            base = Trials(tuple(values[0]), blocks, blocks)
+            arms = Tournament(names, [gain], alpha=0.05, mode="screening", looks=(n,))
+            arms.look(1, {c: {gain.id: (base, Trials(tuple(values[j + 1]), blocks, blocks))}
+                          for j, c in enumerate(names)})
+            seen = {tuple((f.start, f.excluded) for f in arms.verdicts(c)[0].flagged if f.arm == "baseline")
+                    for c in names}
+            assert len(seen) == 1, seen
+            baseline_flagged += bool(next(iter(seen)))
+    assert baseline_flagged > 0, "no baseline start was flagged: the check saw nothing to compare"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variance", [1.0, 3.0])
 def test_screening_family_wise_false_pass_within_the_bound(variance: float) -> None:
