@@ -14,7 +14,17 @@ from cache_qualify.stats.manytoone import Tournament
 from cache_qualify.validation.robustness import screening_rates
 from cache_qualify.validation.simulate import SHAPES, binomial_bound
 from cache_qualify.stats.starts import FALSE_FLAG_RATE
-from cache_qualify.stats.verdict import Trials, VerdictWarning
+from cache_qualify.stats.verdict import Assertion, Trials, VerdictWarning
+
+
+def _one_look(gain: Assertion, names: list[str], values: np.ndarray) -> Tournament:
+    """A screening tournament of `names` after its one look: row 0 of `values` the baseline's blocks,
+    row j + 1 candidate j's."""
+    blocks = tuple(range(values.shape[1]))
+    base = Trials(tuple(values[0]), blocks, blocks)
+    arms = Tournament(names, [gain], alpha=0.05, mode="screening", looks=(len(blocks),))
+    arms.look(1, {c: {gain.id: (base, Trials(tuple(values[j + 1]), blocks, blocks))} for j, c in enumerate(names)})
+    return arms
 
 
 @pytest.mark.slow
@@ -27,17 +37,12 @@ def test_screening_flags_normal_noise_no_more_often_than_one_gate() -> None:
     gain = item.assertion(0.0)
     rng = np.random.default_rng(33)
     runs, k, n = 1200, 4, 10
-    blocks = tuple(range(n))
     names = [f"c{j}" for j in range(k)]
     flagged = 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", VerdictWarning)
         for _ in range(runs):
-            values = item.mean + item.sd * rng.standard_normal((k + 1, n))
-            base = Trials(tuple(values[0]), blocks, blocks)
-            arms = Tournament(names, [gain], alpha=0.05, mode="screening", looks=(n,))
-            arms.look(1, {c: {gain.id: (base, Trials(tuple(values[j + 1]), blocks, blocks))}
-                          for j, c in enumerate(names)})
+            arms = _one_look(gain, names, item.mean + item.sd * rng.standard_normal((k + 1, n)))
             flagged += any(arms.verdicts(c)[0].flagged for c in names)
     # Bonferroni's 1 % is a bound: one comparison flags about 0.25 % of runs, and so must the family
     assert flagged <= binomial_bound(runs, FALSE_FLAG_RATE / k), flagged
@@ -51,7 +56,6 @@ def test_screening_flags_the_shared_baseline_alike_in_every_comparison() -> None
     gain = item.assertion(0.0)
     rng = np.random.default_rng(32)
     runs, k, n = 200, 3, 8
-    blocks = tuple(range(n))
     names = [f"c{j}" for j in range(k)]
     scale = np.sqrt(np.r_[1.0, np.full(k, 3.0)])[:, None]
     baseline_flagged = 0
@@ -60,10 +64,7 @@ def test_screening_flags_the_shared_baseline_alike_in_every_comparison() -> None
         for _ in range(runs):
             values = item.mean + item.sd * scale * rng.standard_normal((k + 1, n))
             values[0, 2] -= 5 * item.sd
-            base = Trials(tuple(values[0]), blocks, blocks)
-            arms = Tournament(names, [gain], alpha=0.05, mode="screening", looks=(n,))
-            arms.look(1, {c: {gain.id: (base, Trials(tuple(values[j + 1]), blocks, blocks))}
-                          for j, c in enumerate(names)})
+            arms = _one_look(gain, names, values)
             seen = {tuple((f.start, f.excluded) for f in arms.verdicts(c)[0].flagged if f.arm == "baseline")
                     for c in names}
             assert len(seen) == 1, seen
