@@ -30,7 +30,8 @@ from cache_qualify.errors import (AuthenticationFailed, ConfigError, HostKeyNotR
 from cache_qualify.lab.transport import SshOptions, SshTransport
 from cache_qualify.lab.transport.ssh import TcpRefused
 from tests.support.httpfixtures import Reply, StubServer, together
-from tests.support.sshd import (SshdInstance, SshdLab, SshdUnavailable, free_port, generate_key, require_sshd)
+from tests.support.sshd import (SshdInstance, SshdLab, SshdUnavailable, free_port, generate_key, require_sshd,
+                                waiting_for_the_client)
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.sshd
@@ -298,17 +299,23 @@ def test_unreachable_address_names_host_address_and_cause(
         transport.run("true")
 
 
+@pytest.mark.parametrize("jumped", [False, True], ids=["direct", "through-jump-host"])
 @pytest.mark.parametrize(("says", "why"), [
     (b"HTTP/1.1 400 Bad Request\r\n\r\n", r"it answered 'HTTP/1\.1 400 Bad Request' \(an SSH server answers SSH-2\.0-\.\.\.\)"),
     (None, r"it answered TCP but said nothing within 1 s \(an SSH server speaks first\), nor to an SSH greeting"),
-])
+], ids=["http", "silent"])
 def test_a_server_that_is_not_ssh_is_one_line_naming_host_port_and_what_answered(
-        sshd_lab: SshdLab, tmp_path: Path, caplog: pytest.LogCaptureFixture, says: bytes | None, why: str) -> None:
+        sshd_lab: SshdLab, tmp_path: Path, caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest,
+        says: bytes | None, why: str, jumped: bool) -> None:
+    jump: SshdInstance | None = request.getfixturevalue("sshd_host") if jumped else None
+    # through a jump host the probe reads a direct-tcpip channel, which cannot peek
+    via = rf" \(reached through jump host .*@{re.escape(jump.address)}:{jump.port}\)" if jump else ""
     with socket.socket() as listener:
         listener.bind(("127.0.0.98", 0))
         listener.listen()
         port = listener.getsockname()[1]
-        options = sshd_lab.options(tmp_path / "kh", connect_timeout_s=1.0)
+        options = sshd_lab.options(sshd_lab.known_hosts(tmp_path / "kh", *([jump] if jump else [])),
+                                   jump=jump, connect_timeout_s=1.0)
         accepted: list[socket.socket] = []
 
         def answer() -> None:
@@ -317,11 +324,27 @@ def test_a_server_that_is_not_ssh_is_one_line_naming_host_port_and_what_answered
                 accepted[0].sendall(says)
 
         threading.Thread(target=answer, daemon=True).start()
-        with caplog.at_level(logging.DEBUG), \
-                pytest.raises(HostUnreachable, match=rf"^host h1: .*@127\.0\.0\.98:{port} is not an SSH server: {why}$"):
+        with caplog.at_level(logging.DEBUG), pytest.raises(
+                HostUnreachable, match=rf"^host h1: .*@127\.0\.0\.98:{port} is not an SSH server{via}: {why}$"):
             SshTransport("h1", "127.0.0.98", port, options=options).run("true")
         for sock in accepted:
             sock.close()
+    assert [r for r in caplog.records if r.name.startswith("paramiko") and r.levelno >= logging.ERROR] == []
+
+
+@pytest.mark.parametrize("jumped", [False, True], ids=["direct", "through-jump-host"])
+def test_an_ssh_server_that_waits_for_the_client_is_connected_after_the_probe(
+        sshd_lab: SshdLab, jump_pair: tuple[SshdInstance, SshdInstance], tmp_path: Path,
+        caplog: pytest.LogCaptureFixture, jumped: bool) -> None:
+    jump, target = jump_pair
+    with waiting_for_the_client(target, "127.0.0.96") as (port, host_key_line):
+        known_hosts = sshd_lab.known_hosts(tmp_path / "known_hosts", jump)
+        known_hosts.write_text(known_hosts.read_text() + host_key_line)
+        # the probe's greeting spent the first connection (or channel): paramiko's goes on a new one
+        options = sshd_lab.options(known_hosts, jump=jump if jumped else None, connect_timeout_s=1.0)
+        with caplog.at_level(logging.DEBUG), SshTransport("h1", "127.0.0.96", port, options=options) as transport:
+            assert transport.run(["echo", "greeted"], check=True).stdout == "greeted\n"
+            assert (len(jump.session_pids()) > 0) == jumped
     assert [r for r in caplog.records if r.name.startswith("paramiko") and r.levelno >= logging.ERROR] == []
 
 

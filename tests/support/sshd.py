@@ -9,6 +9,7 @@ root (sshd switches to the logged-in user) and openssh-server installed.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import itertools
 import os
@@ -16,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -279,3 +281,43 @@ class SshdLab:
         for instance in self.instances:
             instance.stop()
         self.instances.clear()
+
+
+@contextlib.contextmanager
+def waiting_for_the_client(instance: SshdInstance, address: str) -> Iterator[tuple[int, str]]:
+    """A port on `address` relaying to `instance` that passes nothing back until the client has spoken:
+    an SSH server that waits for the client's greeting (sshd speaks first). Yields the port and its
+    known_hosts line (`instance`'s key under the relay's address)."""
+    listener = socket.create_server((address, 0))
+    port = int(listener.getsockname()[1])
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):  # the listener closed
+            while True:
+                client = listener.accept()[0]
+                threading.Thread(target=_relay, args=(client, instance), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield port, instance.host_key_line.replace(f"[{instance.address}]:{instance.port}", f"[{address}]:{port}")
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        listener.close()
+
+
+def _relay(client: socket.socket, instance: SshdInstance) -> None:
+    with client, socket.create_connection((instance.address, instance.port)) as upstream:
+        first = client.recv(65536)  # sshd's banner waits in `upstream` for the client's first word
+        if first:
+            upstream.sendall(first)
+            back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
+            back.start()
+            _pipe(client, upstream)
+            back.join()
+
+
+def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # either end gone: the relay ends
+        while chunk := source.recv(65536):
+            sink.sendall(chunk)
+        sink.shutdown(socket.SHUT_WR)
