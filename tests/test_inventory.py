@@ -40,6 +40,7 @@ hosts:
     port: 2022
     rank: 1
 server:
+  runtime: flare
   command: "{build_path} --rank {rank} --port {port} {flags}"
   http_port: 18000
   kv_pages: {metric: flare_kv_cache_pages}
@@ -85,9 +86,9 @@ MALFORMED: list[tuple[str, str, str, str, int | None]] = [
      r"hosts\[1\]\.port: .*less than or equal to 65535, found 70000", 12),
     ("port-bool", "port: 2022", "port: yes", r"hosts\[1\]\.port: expected an integer.*True", 12),
     ("unknown-build", "baseline: set4", "baseline: set5",
-     r":21: baseline: unknown build 'set5' \(did you mean 'set4'\?\); known builds: set4, two_choice", 21),
+     r":22: baseline: unknown build 'set5' \(did you mean 'set4'\?\); known builds: set4, two_choice", 22),
     ("unknown-candidate", "candidate: two_choice", "candidate: twochoice",
-     r"candidate: unknown build 'twochoice' \(did you mean 'two_choice'\?\); known builds: set4, two_choice", 22),
+     r"candidate: unknown build 'twochoice' \(did you mean 'two_choice'\?\); known builds: set4, two_choice", 23),
     ("duplicate-rank", "rank: 1", "rank: 0",
      r"hosts\[1\]\.rank: duplicate rank 0 in group 'default': already used by a; expected ranks "
      r"0\.\.1 without duplicates", 13),
@@ -112,15 +113,15 @@ MALFORMED: list[tuple[str, str, str, str, int | None]] = [
     ("jump-port", "port: 2222}", "port: 0}", r"ssh\.jump\.port: expected a value greater than or equal to 1", 5),
     ("kv-pages-both", "kv_pages: {metric: flare_kv_cache_pages}",
      "kv_pages: {metric: flare_kv_cache_pages, log_regex: 'pages (\\d+)'}",
-     r"server\.kv_pages: expected exactly one of `metric` or `log_regex`, found both", 17),
+     r"server\.kv_pages: expected exactly one of `metric` or `log_regex`, found both", 18),
     ("kv-pages-neither", "kv_pages: {metric: flare_kv_cache_pages}", "kv_pages: {}",
-     r"server\.kv_pages: expected exactly one of `metric` or `log_regex`, found neither", 17),
+     r"server\.kv_pages: expected exactly one of `metric` or `log_regex`, found neither", 18),
     ("log-regex-no-group", "kv_pages: {metric: flare_kv_cache_pages}", "kv_pages: {log_regex: 'pages \\d+'}",
-     r"server\.kv_pages\.log_regex: expected a regex with exactly one group, found 0", 17),
+     r"server\.kv_pages\.log_regex: expected a regex with exactly one group, found 0", 18),
     ("unknown-placeholder", "--port {port}", "--port {prot}",
-     r"server\.command: unknown placeholder \{prot\}; known placeholders: \{build_path\}", 15),
+     r"server\.command: unknown placeholder \{prot\}; known placeholders: \{build_path\}", 16),
     ("unbalanced-quote", "--rank {rank}", "--rank '{rank}",
-     r"server\.command: expected a command line shlex can split", 15),
+     r"server\.command: expected a command line shlex can split", 16),
     ("group-unknown-host", "server:\n", "groups:\n  - {name: g1, hosts: [a, c]}\nserver:\n",
      r"groups\[0\]\.hosts\[1\]: unknown host 'c'; known hosts: a, b", 15),
     ("host-in-two-groups", "server:\n",
@@ -131,15 +132,15 @@ MALFORMED: list[tuple[str, str, str, str, int | None]] = [
     ("empty-hosts", BASE[BASE.index("hosts:"):BASE.index("server:")], "hosts: []\n",
      r"hosts: expected at least 1 item, found none", 6),
     ("flags-not-a-list", 'flags: [--x, "1"]', "flags: --x",
-     r"builds\.set4\.flags: expected a list, found '--x'", 19),
+     r"builds\.set4\.flags: expected a list, found '--x'", 20),
     ("build-without-path", "two_choice: {path: /opt/b/tc/server, ref: abc123}", "two_choice: {ref: abc123}",
-     r"builds\.two_choice\.path: required field is missing", 20),
+     r"builds\.two_choice\.path: required field is missing", 21),
     ("unknown-metric-name", "builds:\n", "metrics: {hit: x}\nbuilds:\n",
-     r"metrics\.hit: unknown key \(did you mean 'hits'\?\)", 18),
+     r"metrics\.hit: unknown key \(did you mean 'hits'\?\)", 19),
     ("bad-metric-name", "builds:\n", "metrics: {hits: 'row cache hits'}\nbuilds:\n",
-     r"metrics\.hits: expected a Prometheus name", 18),
+     r"metrics\.hits: expected a Prometheus name", 19),
     ("duplicate-key", "candidate: two_choice\n", "candidate: two_choice\nbaseline: two_choice\n",
-     r":23: baseline: duplicate key 'baseline' \(first given on line 21\)", 23),
+     r":24: baseline: duplicate key 'baseline' \(first given on line 22\)", 24),
     ("yaml-syntax", "    rank: 0\n", "    rank: [0\n",
      r"hosts\.yaml:10: YAML syntax error: while parsing a flow sequence \(started on line 9\): "
      r"expected ',' or '\]', but got ':'", 10),
@@ -221,7 +222,7 @@ def test_candidate_list_in_the_file_and_on_the_command_line(tmp_path: Path) -> N
     with pytest.raises(InventoryError, match=r"--candidate: unknown build 'set8' \(did you mean 'set4'\?\); known builds: lru4, set4"):
         load_inventory(path, candidate="lru4,set8")
     twice = write(tmp_path, text.replace("candidate: [two_choice, lru4]", "candidate: [lru4, lru4]"), "twice.yaml")
-    with pytest.raises(InventoryError, match=r"twice.yaml:23: candidate\[1\]: build 'lru4' is named twice"):
+    with pytest.raises(InventoryError, match=r"twice.yaml:24: candidate\[1\]: build 'lru4' is named twice"):
         load_inventory(twice)
     unknown = write(tmp_path, text.replace("candidate: [two_choice, lru4]", "candidate: [lru4, set16]"), "u.yaml")
     with pytest.raises(InventoryError, match=r"candidate\[1\]: unknown build 'set16'"):
@@ -317,8 +318,8 @@ HOSTILE = ["x; touch INJECTED", "$(touch INJECTED)", "`touch INJECTED`", "it's \
 def test_shell_metacharacters_in_inventory_values_are_not_interpreted(tmp_path: Path) -> None:
     """Build path and flags full of shell syntax reach the program literally through /bin/sh."""
     flags = json.dumps(HOSTILE[1:])  # JSON is YAML: every string arrives as written
-    text = edit("server:\n  command: \"{build_path} --rank {rank} --port {port} {flags}\"",
-                "server:\n  command: '{python} -c \"import json,sys; print(json.dumps(sys.argv[1:]))\" "
+    text = edit("  command: \"{build_path} --rank {rank} --port {port} {flags}\"",
+                "  command: '{python} -c \"import json,sys; print(json.dumps(sys.argv[1:]))\" "
                 "{build_path} {rank} {flags}'")
     text = text.replace('{path: /opt/b/set4/server, flags: [--x, "1"], description: the baseline}',
                         "{path: " + json.dumps(HOSTILE[0]) + ", flags: " + flags + "}")

@@ -106,10 +106,36 @@ def test_an_inventory_overrides_its_runtime_and_names_file_line_and_field(tmp_pa
     with pytest.raises(InventoryError, match=rf"hosts\.yaml:{line}: measurements\.prompt_ms\.unit: a response needs "
                                              r"its unit"):
         load_inventory(write_file(tmp_path, bad, "hosts.yaml"))
-    unknown = edited(HOSTS_YAML, "  http_port: 0\n", "  http_port: 0\n  runtime: tgi\n")
+    unknown = edited(HOSTS_YAML, "  runtime: flare\n", "  runtime: tgi\n")
     with pytest.raises(InventoryError, match=r"server\.runtime: unknown runtime 'tgi'; shipped profiles: flare, "
                                              r"llama-cpp"):
         load_inventory(write_file(tmp_path, unknown, "hosts.yaml"))
+
+
+def test_an_inventory_names_its_runtime_there_is_no_default(tmp_path: Path) -> None:
+    text = edited(HOSTS_YAML, "  runtime: flare\n", "")
+    line = text.splitlines().index("server:") + 1
+    with pytest.raises(InventoryError, match=rf"hosts\.yaml:{line}: server\.runtime: required field is missing; "
+                                             r"expected the runtime the hosts run, whose measurement profile the "
+                                             r"suite reads: one of flare, llama-cpp, sglang, vllm$"):
+        load_inventory(write_file(tmp_path, text, "hosts.yaml"))
+
+
+def test_what_may_be_asserted_of_a_quantity_is_the_profile_s_word() -> None:
+    """`asserted_as` of the profile, not the quantity's name: KV capacity is no_regression in every shipped
+    profile, an inventory may say the same of any quantity, and a gauge that replaces a per-start log
+    source is read per start too."""
+    for name in available_runtimes():
+        assert load_profile(name).quantities["kv_pages"].asserted_as == "no_regression", name
+    llama = resolve("llama-cpp", {"prompt_time_s": {"asserted_as": "no_regression"},
+                                  "kv_pages": {"gauge": "llamacpp:kv_cells"}})
+    assert check_expectations([Asserted(metric="prompt_time_s", kind="gain", request="B")], llama) == [
+        (0, "kind", "prompt_time_s of runtime llama-cpp is always `no_regression`: expected no_regression, found gain")]
+    assert (llama.quantities["kv_pages"].source, llama.quantities["kv_pages"].per) == ("gauge", "start")
+    freed = resolve("llama-cpp", {"kv_pages": {"asserted_as": None}})
+    assert check_expectations([Asserted(metric="kv_pages", kind="gain", request="*")], freed) == []
+    added = resolve("llama-cpp", {"kv_cells": {"gauge": "llamacpp:kv_cells", "unit": "cells"}})
+    assert added.quantities["kv_cells"].per == "request"   # a gauge of its own: read after each request
 
 
 def test_a_shipped_profile_that_is_wrong_names_its_file_and_field(tmp_path: Path) -> None:
@@ -131,7 +157,7 @@ def test_expectations_are_checked_against_what_the_runtime_exports() -> None:
     assert problems == [
         (0, "metric", "runtime llama-cpp does not export 'readiness_wait_ns'; it exports: hits, misses, hit_rate, "
                       "prompt_time_s, client_time_s, kv_pages, startup_s"),
-        (2, "kind", "kv_pages is always `no_regression`: expected no_regression, found gain"),
+        (2, "kind", "kv_pages of runtime llama-cpp is always `no_regression`: expected no_regression, found gain"),
         (3, "request", 'startup_s is read once per start: expected request "*", found \'B\'')]
 
 

@@ -55,6 +55,7 @@ hosts:
   - {name: gb10-b, address: 127.0.0.12, rank: 1, transport: local}
   - {name: gb10-c, address: 127.0.0.13, rank: 2, transport: local}
 server:
+  runtime: flare
   command: "{python} -m cache_qualify.sim.server --rank {rank} {flags}"
   http_port: 18080
   kv_pages: {metric: flare_kv_cache_pages}
