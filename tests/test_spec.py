@@ -75,6 +75,25 @@ def test_a_prompt_cache_run_reads_as_prompt_cache_tests(tmp_path: Path) -> None:
     assert not [n for n in flare if "counter_reset" in n], flare
 
 
+def test_k_without_a_verdict_test_decides_nothing_and_every_file_agrees(tmp_path: Path) -> None:
+    """`-k test_all_ranks_started` selects no verdict test: the run checks its starts at the first look
+    (no assertion keeps it going), decides nothing, says so in one line, and JUnit, verdicts.json,
+    summary.md and the terminal hold no verdict; it is undecided (exit status 1), never a pass."""
+    run = run_qualify(write_inventory(tmp_path), tmp_path / "reports", "-k", "test_all_ranks_started")
+    assert run.returncode == 1, run.output
+    said = "[cache-qualify] reread-1g: no verdict test selected; its starts are checked at one look, no assertion is decided"
+    assert run.output.count(said) == 1, run.output
+    assert list(run.testcases()) == ["test_all_ranks_started[reread-1g]"]
+    assert json.loads((run.run_dir() / "verdicts-reread-1g.json").read_text()) == []
+    trials = (run.run_dir() / "trials.csv").read_text().splitlines()[1:]
+    assert len(trials) == 2 * 4, trials   # one look: the scenario's 4 trials per build, not its maximum of 12
+    summary = (run.run_dir() / "summary.md").read_text()
+    assert ("**Undecided**: no assertion was selected (-k, --lf), so none was decided: the run checked its starts "
+            "only; rerun without `-k` (or with a verdict test's name) to decide them.") in summary
+    assert "0 / 0 / 0" in summary and "p adj" not in run.output
+    assert "reread-1g: no verdict  no assertion was selected (-k, --lf)" in run.output
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["one-process", "xdist"])
 def test_k_selects_assertions_and_junit_summary_and_verdicts_agree(tmp_path: Path, xdist: tuple[str, ...]) -> None:
