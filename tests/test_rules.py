@@ -1,7 +1,7 @@
 """The suite's own rules, kept by reading its source: every `pytest.raises` checks the message
 (`match=`), a test that polls uses `tests.support.waiting.wait_for` (no hand-written deadline
 loop), a rerun says why, helpers live in tests/support/, and the `slow` marker that splits the
-quick tier from the whole suite is registered and enforced."""
+quick tier from the whole suite is registered and enforced; the plugin uses pytest's public API only."""
 
 from __future__ import annotations
 
@@ -75,3 +75,24 @@ def test_the_slow_marker_is_registered_and_strict() -> None:
     options = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     assert "--strict-markers" in options["addopts"].split(), options.get("addopts")
     assert any(marker.startswith("slow:") for marker in options["markers"]), options["markers"]
+
+
+PYTEST_OBJECTS = {"collector", "item", "items", "metafunc", "config", "session", "node", "request", "pytestconfig"}
+
+
+def test_the_plugin_uses_pytest_s_public_api_only() -> None:
+    """No private attribute of pytest's objects (`collector._genfunctions`, `config._inicache`): a pytest
+    release may change them. The one import from `_pytest` is pytest's JUnit stash key, which has no
+    public name."""
+    package = REPO / "fixtures" / "cache_qualify"
+    private = [f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}"
+               for path in sorted(package.rglob("*.py"))
+               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+               if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+               and isinstance(node.value, ast.Name) and node.value.id in PYTEST_OBJECTS]
+    assert private == []
+    imported = sorted(f"{path.relative_to(REPO)}: {alias.name}" for path in package.rglob("*.py")
+                      for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                      if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("_pytest")
+                      for alias in node.names)
+    assert imported == ["fixtures/cache_qualify/plugin.py: xml_key"]
