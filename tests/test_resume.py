@@ -167,3 +167,35 @@ def test_resume_continues_a_run_folder_written_before_plans_recorded_their_build
     assert newer.returncode == 4
     assert (f"--resume: the run {RUN_ID} was made by a newer cache-qualify (plan version 99, this one knows 2); "
             f"continue it with that version") in newer.output
+
+
+def test_resume_decides_only_what_the_run_was_started_to_decide(tmp_path: Path) -> None:
+    """A run started with -k records its selection in plan.json: its looks so far tested those assertions
+    only, so resuming it with another selection (none included, under xdist too) is refused in one line
+    before any lab time, and with the same -k it decides those only."""
+    import json
+
+    inventory, reports = write_inventory(tmp_path, noise="quiet"), tmp_path / "reports"
+    run_dir, chosen = reports / RUN_ID, "hit_rate-no_regression[A-new-start]"
+    proc = start_qualify(inventory, reports, "--run-id", RUN_ID, "-k", "hit_rate",
+                         *small_scenario_option(tmp_path, SCENARIO), *OPTIONS)
+    wait_mid_trial(proc, run_dir)
+    os.killpg(proc.pid, signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, output
+    assert json.loads((run_dir / "plan.json").read_text(encoding="utf-8"))["selection"] == {SCENARIO: [chosen]}
+    assert wait_no_sim_processes(inventory_port(inventory), timeout_s=30) == []
+    kept = {name: (run_dir / name).read_bytes() for name in ("trials.csv", "samples.csv", "junit.xml")}
+    for given, now in [((), "every assertion"),
+                       (("-k", "kv_pages", "-n", "2"), f"{SCENARIO}'s kv_pages-no_regression[startup] only")]:
+        refused = run_qualify(inventory, reports, "--resume", RUN_ID, *given)
+        line = (f"ERROR: --resume: the run {RUN_ID} was started to decide {SCENARIO}'s {chosen} only, and this "
+                f"command selects {now}; resume it as it was started, with -k hit_rate (or start a new run)")
+        assert refused.returncode == 4, refused.output
+        assert refused.output.count("--resume") == refused.output.count(line) == 1, refused.output
+    assert {name: (run_dir / name).read_bytes() for name in kept} == kept
+    resumed = run_qualify(inventory, reports, "--resume", RUN_ID, "-k", "hit_rate")
+    assert resumed.returncode == 0, resumed.output
+    assert f"{SCENARIO}: 1 assertion(s) selected ({chosen}); only these are decided" in resumed.output
+    assert [v["id"] for v in json.loads((run_dir / f"verdicts-{SCENARIO}.json").read_text())] == [chosen]
+    assert len(SampleStore(run_dir).trials().query(f"outcome == '{OK}'")) == 4
