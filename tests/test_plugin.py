@@ -73,6 +73,17 @@ def test_unknown_scenario_lists_the_scenarios(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_a_run_without_pytest_s_junit_plugin_is_refused_in_one_line(tmp_path: Path) -> None:
+    """`-p no:junitxml` takes away the record_property every verdict test writes its figures with: one usage
+    line (exit 4) before any lab time and no run folder, not nine fixture errors after a whole run."""
+    proc = pytest_cli("qualify", "--hosts", "hosts.yaml", "-p", "no:junitxml", "--reports-dir", str(tmp_path / "r"))
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == ("ERROR: -p no:junitxml: a qualification writes its verdicts into JUnit "
+                                   "(record_property); leave pytest's junitxml plugin on (--junitxml=PATH puts "
+                                   "the file elsewhere)")
+    assert not (tmp_path / "r").exists()
+
+
 def test_resume_of_an_unknown_run_is_a_usage_error(tmp_path: Path) -> None:
     proc = pytest_cli("qualify", "--hosts", "hosts.yaml", "--resume", "no-such-run", "--reports-dir", str(tmp_path))
     assert proc.returncode == 4
