@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from cache_qualify.config.inventory import load_inventory
-from cache_qualify.config.measurement import Asserted, Measurement, build_model, check_expectations
+from cache_qualify.config.measurement import Measurement, build_model
+from cache_qualify.config.scenario import Asserted, check_expectations
 from cache_qualify.config.profiles import available_runtimes, load_profile, resolve
 from cache_qualify.config.yamlsource import FieldProblem
 from cache_qualify.errors import InventoryError, ProfileError
