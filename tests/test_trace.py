@@ -188,7 +188,9 @@ def test_a_scenario_s_trace_is_selected_scaled_capped_and_windowed(tmp_path: Pat
     assert [r.hash_ids for r in trace.requests] == [r.hash_ids for r in records]
     assert [len(r.prompt) for r in trace.requests] == [(len(r.hash_ids) - 1) * 16 + last for r, last in
                                                        zip(records, scaled_lengths(records, 512, 16))]
-    assert (trace.format, trace.block_size, trace.block_tokens, trace.warm) == ("mooncake", 512, 16, (20, 29))
+    assert (trace.format, trace.block_size, trace.block_tokens, trace.warm, trace.marker_clashes) == (
+        "mooncake", 512, 16, (20, 29), 0)
+    assert trace.file == tmp_path / "trace.jsonl" and trace.seed == 0
     assert [r.index for r in trace.warm_requests()] == list(range(20, 30))
     assert trace.span_s == pytest.approx((records[-1].timestamp_ms - records[0].timestamp_ms) / 2000)
 
