@@ -209,3 +209,12 @@ def test_bad_arguments_are_refused() -> None:
         Arrival(time_scale=-1)
     with pytest.raises(ValueError, match=r"0 <= first < stop, got \[5, 5\)"):
         Window.indices(5, 5)
+
+
+def test_a_request_waits_for_a_free_connection_and_the_wait_is_lateness(rank: SimRank) -> None:
+    result = replay(rank.url, STREAM, short_requests(6, spacing_s=0.001), connections=1)
+    records = result.records
+    assert all(r.ok for r in records)
+    for before, after in zip(records, records[1:]):
+        assert after.sent_s >= before.sent_s + before.e2e_s   # one connection: one request at a time
+    assert records[-1].lateness_s >= sum(r.e2e_s for r in records[:-1]) - records[-1].scheduled_s
