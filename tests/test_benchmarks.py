@@ -138,3 +138,27 @@ def test_reports_the_forwarded_routes_cost_against_direct_gets(sshd_lab: SshdLab
     low, high = (total - 0.05) / (10 * (trial + 0.005)), (total + 0.05) / (10 * (trial - 0.005))
     assert low - 0.005 <= percent <= high + 0.005, (low, percent, high)
     assert wait_no_sim_processes(inventory_port(inventory)) == []
+
+
+@pytest.mark.slow
+def test_bench_replay_prints_both_loops_lateness_and_their_ratio(tmp_path: Path) -> None:
+    inventory = timed_lab(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "cache_qualify.cli", "bench-replay", "--hosts", str(inventory),
+                           "--requests", "40", "--rate", "50"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert re.fullmatch(rf"bench-replay: build set4, 40 streamed requests at 50/s, 16-token prompts; "
+                        rf"load average {NUMBER}", lines[0]), lines
+    late = rf"lateness p50 ({NUMBER}) ms, p99 ({NUMBER}) ms, max ({NUMBER}) ms; 0 errors"
+    fast = re.fullmatch(rf"open loop \(trials\.replay\): {late} \(target p99 <= 10 ms: (met|missed)\)", lines[1])
+    assert re.fullmatch(rf"open loop: end-to-end p50 {NUMBER} ms, client CPU {NUMBER} ms per request", lines[2])
+    slow = re.fullmatch(rf"naive sequential loop: {late}", lines[3])
+    assert fast and slow, lines
+    for match in (fast, slow):
+        p50, p99, most = (float(match.group(i)) for i in (1, 2, 3))
+        assert p50 <= p99 <= most
+    assert (fast.group(4) == "met") == (float(fast.group(2)) <= 10)
+    ratio = re.fullmatch(rf"ratio of p99s \(naive / open loop\): ({NUMBER})x", lines[4])
+    assert ratio, lines
+    assert float(ratio.group(1)) == pytest.approx(float(slow.group(2)) / float(fast.group(2)), rel=0.05, abs=0.06)

@@ -248,7 +248,8 @@ def test_every_rank_logs_and_exports_its_kv_pages_and_seed(report_group: Group) 
 def test_bad_requests_get_400_with_the_field_named(report_group: Group) -> None:
     g = report_group
     cases: list[tuple[dict[str, Any], str]] = [
-        ({"prompt": [5, 6], "stream": True}, "`stream`: streaming is not supported"),
+        ({"prompt": [5, 6], "stream_options": {"include_usage": True}},
+         "`stream_options`: stream options can only be defined when `stream` is true"),
         ({"prompt": "hello"}, "`prompt`: .*token-ID prompts only"),
         ({"prompt": [5, 200_000]}, r"`prompt.1`: token IDs must lie in 0..129279, found 200000"),
         ({"prompt": [5], "max_tokens": 0}, "`max_tokens`: Input should be greater than or equal to 1"),
