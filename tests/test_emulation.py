@@ -4,6 +4,8 @@ source (docs/emulation.md)."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 
@@ -16,6 +18,7 @@ from cache_qualify.emulation.llama_slot import LlamaSlotCache
 from cache_qualify.emulation.sglang_radix import POLICIES, SglangRadixCache
 from cache_qualify.emulation.vllm_block import VllmBlockCache
 from cache_qualify.errors import EmulationError
+from tests.support import vllm_build
 from tests.support.emulation_reference import ReferenceRadix, reference_llama
 from tests.support.labfixtures import REPO
 
@@ -193,3 +196,45 @@ def test_importing_the_emulators_loads_no_numba() -> None:
     code = "import sys, cache_qualify.emulation; print('numba' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr
+
+
+# -- the benchmark ------------------------------------------------------------------------------------
+
+NUMBER = r"\d+(?:\.\d+)?"
+
+
+@pytest.mark.slow
+def test_the_benchmark_prints_both_speeds_and_their_ratio() -> None:
+    """`bench-prefix-emulator` on a small workload: its lines, and a ratio that is the two speeds'."""
+    done = subprocess.run([sys.executable, "-m", "cache_qualify.cli", "bench-prefix-emulator", "--requests", "200",
+                           "--repeat", "1"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert re.search(rf"^bench-prefix-emulator: vLLM block cache, 200 prompts .* blocks of 16 tokens, 20,000 "
+                     rf"blocks: [\d,]+ block lookups, hit rate {NUMBER} %, same hits in both$", out, re.M), out
+    speeds = {name: float(value) for name, value in re.findall(rf"^(jitted|OrderedDict) +({NUMBER}) M/s$", out, re.M)}
+    assert set(speeds) == {"jitted", "OrderedDict"}, out
+    ratio = re.search(rf"^ratio +({NUMBER})x \(targets: jitted >= 10 M/s, ratio >= 5x\)$", out, re.M)
+    assert ratio, out
+    assert abs(float(ratio.group(1)) - speeds["jitted"] / speeds["OrderedDict"]) <= 0.1 + 0.02 * float(ratio.group(1))
+    assert re.search(rf"^keys +{NUMBER} M blocks/s", out, re.M), out
+
+
+@pytest.mark.slow
+def test_vllm_block_cache_matches_vllm_s_own_kv_cache_manager() -> None:
+    """vLLM 0.32.0's KVCacheManager, run offline in its own environment, on seeded workloads under
+    eviction pressure: the same cached tokens per request and the same counters."""
+
+    python = vllm_build.ensure_installed()
+    rng = np.random.default_rng(7)
+    for block_size, blocks in ((1, 12), (2, 9), (4, 30), (16, 40)):
+        raw = random_prompts(rng, count=120, longest=(blocks - 1) * block_size, vocabulary=2 + block_size)
+        spec = {"block_size": block_size, "num_gpu_blocks": blocks, "prompts": [p.tolist() for p in raw]}
+        done = subprocess.run([str(python), "-m", "tests.support.vllm_kv_manager"], input=json.dumps(spec),
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        vllm = json.loads(done.stdout.strip().splitlines()[-1])
+        prediction = VllmBlockCache(block_size, blocks).predict(Prompts.of(raw))
+        assert prediction.cached_tokens.tolist() == vllm["hits"], (block_size, blocks)
+        assert (prediction.queries, prediction.hits) == (vllm["queries"], vllm["total_hits"])
+        assert prediction.hits > 0 and prediction.evicted > 0  # reuse and eviction both exercised
