@@ -168,6 +168,9 @@ def test_the_registry_names_each_emulator_and_its_parameters() -> None:
     assert list(EMULATORS) == ["vllm-block", "sglang-radix", "llama-slot"]
     assert parameters("vllm-block") == ("block_size", "num_gpu_blocks", "prefix_caching")
     assert emulator("sglang-radix", {"page_size": 1, "max_total_num_tokens": 8}) == SglangRadixCache(1, 8)
+    shown = predict("vllm-block", {"block_size": 2, "num_gpu_blocks": 9}, Prompts.of([[1, 2, 3]] * 2)).as_dict()
+    assert shown == {"emulator": "vllm-block", "queries": 6, "hits": 2, "prompt_tokens": 6, "hit_rate": 2 / 6,
+                     "evicted": 0, "evicted_unit": "blocks", "exact": True, "cached_tokens": [0, 2]}
 
 
 @pytest.mark.parametrize(("name", "params", "message"), [
