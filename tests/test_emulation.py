@@ -146,6 +146,34 @@ def test_llama_cache_ram_restores_an_earlier_prompt_the_slot_lost() -> None:
     assert cached("llama-slot", workload, n_ctx=4096, cache_ram_mib=1, state_bytes_per_token=too_big)[-1] == 0
 
 
+# The real llama-server's measured cached tokens with one slot (tests/support/LLAMA_SERVER.md, checked
+# against the server by tests/test_llama_server.py::test_what_each_cache_flag_reuses): fresh 5,000-token
+# prompts; the tiny model's state is 700,048 bytes at 5,000 tokens ("failed to restore state with size").
+TINY_STATE = {"state_bytes_per_token": 140, "state_overhead_bytes": 48}
+MEASURED = [
+    ({}, "A, B, A, B", [0, 0, 4999, 4999]),
+    ({"cache_ram_mib": 0}, "A, B, A, B", [0, 0, 0, 0]),
+    ({"cache_prompt": False}, "A, B, A, B", [0, 0, 0, 0]),
+    ({"cache_ram_mib": 0}, "A, A", [0, 4999]),
+    ({"cache_prompt": False}, "A, A", [0, 0]),
+    ({}, "A, A[16:], B, B[16:]", [0, 0, 0, 0]),
+    ({}, "A, B, A[16:], B[16:]", [0, 0, 0, 0]),
+    ({}, "A, X+A[16:]", [0, 0]),
+]
+
+
+@pytest.mark.parametrize(("flags", "sequence", "measured"), MEASURED, ids=[f"{f}: {s}" for f, s, _ in MEASURED])
+def test_llama_slot_gives_what_the_real_server_measured(flags: dict[str, object], sequence: str,
+                                                        measured: list[int]) -> None:
+    rng = np.random.default_rng(10)
+    a, b = (rng.integers(259, 32_000, 5_000).tolist() for _ in range(2))
+    x = rng.integers(259, 32_000, 16).tolist()
+    prompts = {"A, B, A, B": [a, b, a, b], "A, A": [a, a], "A, A[16:], B, B[16:]": [a, a[16:], b, b[16:]],
+               "A, B, A[16:], B[16:]": [a, b, a[16:], b[16:]], "A, X+A[16:]": [a, x + a[16:]]}[sequence]
+    params = {"n_ctx": 8_192, **TINY_STATE, **flags}
+    assert cached("llama-slot", prompts, **params) == measured
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_llama_slot_cache_matches_the_reference_on_random_workloads(seed: int) -> None:
     rng = np.random.default_rng(100 + seed)
