@@ -245,7 +245,7 @@ RUNTIME_PROBLEMS = [
 def test_a_scenario_is_checked_against_the_runtime_before_any_lab_time(tmp_path: Path, old: str, new: str,
                                                                        message: str) -> None:
     scenario = load_scenario(write(tmp_path, edit(old, new)))   # the file alone is valid
-    with pytest.raises(ScenarioError, match=r"mini\.yaml: " + message):
+    with pytest.raises(ScenarioError, match=r"mini\.yaml(:\d+)?: " + message):   # a min_effect's with its line
         check_against(scenario, resolve("flare"))
     check_against(load_scenario(write(tmp_path, BASE)), resolve("flare"))
 
