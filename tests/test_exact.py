@@ -120,3 +120,14 @@ def test_the_lattice_is_exact_and_names_its_resolution() -> None:
     assert big.dtype == object and sign_flip_p(big, seed=0) == 0.25
     with pytest.raises(ValueError, match=r"a lattice needs finite values, got nan"):
         rational(math.nan)
+
+
+def test_differences_are_one_value_when_their_range_is_within_half_the_resolution() -> None:
+    """0.85 - 0.80 and 0.87 - 0.82 are both 5 points, but 1.1e-16 apart as floats; a step apart is a spread;
+    continuous figures (no step coarser than their ulps) are one value within a few ulps of their scale."""
+    rounded = np.array([0.85 - 0.80, 0.87 - 0.82])
+    assert rounded[0] != rounded[1] and exact.spread_free(rounded, 0.01, 0.87)
+    assert not exact.spread_free(np.array([0.05, 0.06]), 0.01, 0.87)
+    scale = 1.234567891
+    assert exact.spread_free(np.array([scale, scale + 4 * math.ulp(scale)]), math.ulp(scale), scale)
+    assert not exact.spread_free(np.array([scale, scale + 1e-12]), math.ulp(scale), scale)

@@ -219,10 +219,14 @@ def _row(summary: str, first_cell: str, *, after: str) -> list[str]:
     return [cell.strip() for cell in line.strip("|").split("|")]
 
 
-def _reference(values: list[float], scale: float, decimals: int, suffix: str = "") -> str:
-    """Mean ± 95 % CI half-width, computed with scipy's t interval (the reference)."""
+def _reference(values: list[float], scale: float, decimals: int, suffix: str = "", upper: float = math.inf) -> str:
+    """Mean ± 95 % CI half-width, computed with scipy's t interval (the reference); a quantity at most `upper`
+    (a fraction's 1, its least then 0) whose interval reaches past its bounds: the clipped ends."""
     mean = float(np.mean(values))
-    low, _ = stats.t.interval(0.95, len(values) - 1, loc=mean, scale=stats.sem(values))
+    low, high = stats.t.interval(0.95, len(values) - 1, loc=mean, scale=stats.sem(values))
+    if math.isfinite(upper) and (low < 0 or high > upper):
+        return (f"{mean * scale:,.{decimals}f}{suffix} ({max(low, 0.0) * scale:,.{decimals}f} to "
+                f"{min(high, upper) * scale:,.{decimals}f})")
     return f"{mean * scale:,.{decimals}f}{suffix} ± {(mean - low) * scale:,.{decimals}f}"
 
 
@@ -267,7 +271,7 @@ def test_request_table_has_means_and_cis_over_all_hosts(failing_run: Run, summar
     e = failing_run.expected
     builds = (BASE, CAND)
     # columns: hit rate x2, evictions x2, refused x2, readiness wait x2, time x2
-    assert cells[1:3] == [_reference(e.hit_rate[(b, request_name, "all")], 100, 2, " %") for b in builds]
+    assert cells[1:3] == [_reference(e.hit_rate[(b, request_name, "all")], 100, 2, " %", upper=1.0) for b in builds]
     assert cells[3:5] == [_reference(e.evictions[(b, request_name)], 1, 0) for b in builds]
     assert cells[7:9] == [_reference(e.wait_ns[(b, request_name)], 1e-9, 3) for b in builds]
     assert cells[9:11] == [_reference(e.time_s[(b, request_name)], 1, 3) for b in builds]
@@ -278,7 +282,8 @@ def test_host_table_has_every_host(failing_run: Run, summary: str) -> None:
     header = _row(summary, "Request", after="### Hit rate per host")
     assert header[1:] == [f"{h} (rank {r}), {b}" for h, r in HOSTS for b in (BASE, CAND)]
     cells = _row(summary, "B-new-start", after="### Hit rate per host")
-    assert cells[5] == _reference(failing_run.expected.hit_rate[(BASE, "B-new-start", "gb10-c")], 100, 2, " %")
+    assert cells[5] == _reference(failing_run.expected.hit_rate[(BASE, "B-new-start", "gb10-c")], 100, 2, " %",
+                                  upper=1.0)
 
 
 def test_every_per_start_quantity_per_build(summary: str) -> None:
@@ -373,7 +378,7 @@ def test_clean_run_passes_and_tolerates_a_torn_last_line(tmp_path: Path) -> None
     summary = render_run(run.path).read_text(encoding="utf-8")
     assert summary.startswith("# cache-qualify run `r1`: PASS")
     cells = _row(summary, "B-new-start", after="### Requests, all hosts")
-    assert cells[1] == _reference(run.expected.hit_rate[(BASE, "B-new-start", "all")], 100, 2, " %")
+    assert cells[1] == _reference(run.expected.hit_rate[(BASE, "B-new-start", "all")], 100, 2, " %", upper=1.0)
     assert verdict_table(run.path)[-1].startswith("overall: PASS")
 
 
@@ -487,3 +492,15 @@ def test_flagged_starts_are_listed_with_their_logs(copied_run: Path) -> None:
     names = ", ".join(f"{v['id']} (set aside)" for v in verdicts[:2])
     assert f"- **{CAND} trial 2**: {names}" in summary
     assert "Flagged starts (every value of a metric far out of the build's other starts):" in summary
+
+
+def test_a_fractions_own_interval_stays_within_0_and_100_per_cent() -> None:
+    """A hit rate near 1 (or near 0) whose t interval runs past 100 % (or below 0 %) is shown clipped to the
+    values a fraction can take, with its ends; a count's interval is the usual mean ± half-width."""
+    from cache_qualify.stats.intervals import Estimate
+    from cache_qualify.units import unit
+
+    assert show(Estimate(0.995, 0.01, 4), unit("fraction")) == "99.50 (98.50 to 100.00)"
+    assert show(Estimate(0.004, 0.01, 4), unit("fraction")) == "0.40 (0.00 to 1.40)"
+    assert show(Estimate(0.5, 0.01, 4), unit("fraction")) == "50.00 ± 1.00"
+    assert show(Estimate(3.0, 5.0, 4), unit("pages")) == "3 ± 5"

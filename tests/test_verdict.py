@@ -469,3 +469,27 @@ def test_a_lower_is_better_reason_reads_candidate_minus_baseline_in_seconds() ->
                      r"-0.2 s \(one-sided p \S+ < 0.01; the interval's upper end -0\.\d+ s < -0.2 s\)\. ", v.reason)
     assert f"baseline {base.mean() * 1e-9:.4g} s, candidate {cand.mean() * 1e-9:.4g} s" in v.reason
     assert "paired t test of the block differences" in v.reason and "e+0" not in v.reason
+
+
+@pytest.mark.parametrize("method", NAMES)
+@pytest.mark.parametrize("higher_is_better", [True, False])
+def test_a_fractions_difference_has_its_interval_within_100_points(method: str, higher_is_better: bool) -> None:
+    """A hit rate from about 0 to about 1 (or a miss rate the other way): the t interval ran past +100 pp
+    (+99.89 to +100.07 pp); clipped to the differences a fraction can have, it keeps its coverage, and the
+    decision and the interval printed with it still agree."""
+    rng = np.random.default_rng(8)
+    low_side = np.clip(rng.normal(0.002, 0.002, 8), 0, 1).round(4)
+    high_side = np.clip(rng.normal(0.998, 0.002, 8), 0, 1).round(4)
+    base, cand = (low_side, high_side) if higher_is_better else (high_side, low_side)
+    gain = Assertion("hit_rate", "A-again", "gain", higher_is_better, min_effect=0.5, unit="fraction")
+    blocks = tuple(range(8))
+    samples = {gain.id: (Trials(tuple(base), blocks=blocks), Trials(tuple(cand), blocks=blocks))}
+    [v] = evaluate([gain], samples, alpha=0.01, method=method)
+    assert -1.0 <= v.ci.low <= v.ci.high <= 1.0, v.ci
+    assert v.outcome == "pass" and not re.search(r"[+-]100\.0*[1-9]", v.reason), v.reason
+    oriented_low = v.ci.low if higher_is_better else -v.ci.high
+    assert (v.outcome == "pass") == (oriented_low > 0.5), (v.ci, v.reason)
+    count = Assertion("kv_pages", "startup", "gain", True, min_effect=1.0, unit="pages")
+    [c] = evaluate([count], {count.id: (Trials(tuple(base * 1e4), blocks=blocks),
+                                       Trials(tuple(cand * 1e4), blocks=blocks))}, alpha=0.01, method=method)
+    assert c.ci.high > 1.0 or not higher_is_better     # a count's difference has no such bound

@@ -5,6 +5,7 @@ tests/test_method_promises.py, which runs over every registered method."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -15,7 +16,7 @@ from scipy.stats import mstats
 from cache_qualify.methods import method
 from cache_qualify.methods.yuen import TRIM
 from cache_qualify.stats import exact
-from cache_qualify.stats.power import POWER, trials_for_power
+from cache_qualify.stats.power import POWER, minimum_trials, trials_for_power
 from cache_qualify.stats.verdict import Assertion, Trials, evaluate
 
 YUEN = method("yuen")
@@ -27,38 +28,78 @@ def _blocked(base: np.ndarray, cand: np.ndarray) -> tuple[Trials, Trials]:
     return Trials(tuple(base), blocks=blocks), Trials(tuple(cand), blocks=blocks)
 
 
-def _one_sample_trimmed_t(d: np.ndarray) -> float:
-    """The reference: Yuen's one-sample statistic from scipy's trimmed mean and winsorized values."""
+def _trimmed_t(d: np.ndarray, floor: float = 0.0) -> float:
+    """The reference: Yuen's one-sample statistic from scipy's trimmed mean and winsorized values, its
+    winsorized SD at least `floor`."""
     n = d.size
     kept = n - 2 * int(math.floor(TRIM * n))
     winsorized = np.asarray(mstats.winsorize(d, limits=(TRIM, TRIM)), float)
-    se = math.sqrt((n - 1) * float(np.var(winsorized, ddof=1)) / (kept * (kept - 1)))
-    return float(stats.t.sf(stats.trim_mean(d, TRIM) / se, kept - 1))
+    # the middle values equal: the plain variance in the winsorized one's place
+    spread = max(float(np.var(winsorized if np.ptp(winsorized) else d, ddof=1)), floor * floor)
+    return float(stats.trim_mean(d, TRIM)) / math.sqrt((n - 1) * spread / (kept * (kept - 1)))
 
 
-def test_yuen_p_equals_scipys_trimmed_t_unpaired_and_the_reference_paired() -> None:
+def _sign_flip_reference(d: np.ndarray, floor: float = 0.0) -> float:
+    """The share of every sign vector of `d` whose trimmed t is at least the observed one, by enumeration."""
+    observed = _trimmed_t(d, floor)
+    flipped = [_trimmed_t(np.asarray(signs) * d, floor) for signs in itertools.product((1, -1), repeat=d.size)]
+    return sum(t >= observed - 1e-9 * abs(observed) for t in flipped) / len(flipped)
+
+
+def test_yuen_p_equals_scipys_trimmed_t_unpaired_and_the_t_test_below_five_blocks() -> None:
     rng = np.random.default_rng(11)
     for _ in range(200):
         n, m = rng.integers(3, 16, 2)
         x, y = rng.normal(0.3, 1, n), rng.standard_t(3, m)
         reference = stats.ttest_ind(x, y, trim=TRIM, equal_var=False, alternative="greater").pvalue
         assert YUEN.p_unpaired(x, y, seed=0) == pytest.approx(reference, rel=1e-9, abs=1e-15)
-        d = rng.normal(0.3, 1, n)
-        assert YUEN.p_paired(d, seed=0) == pytest.approx(_one_sample_trimmed_t(d), rel=1e-9)
-    short = rng.normal(0.3, 1, 4)      # fewer than 5 values: nothing trimmed, the t test
-    assert YUEN.p_paired(short, seed=0) == pytest.approx(stats.ttest_1samp(short, 0, alternative="greater").pvalue)
+    for n in (2, 3, 4):      # fewer than 5 values: nothing trimmed, the t test
+        short = rng.normal(0.3, 1, n)
+        assert YUEN.p_paired(short, seed=0) == pytest.approx(stats.ttest_1samp(short, 0, alternative="greater").pvalue)
+
+
+def test_paired_p_is_the_share_of_sign_vectors_whose_trimmed_t_is_at_least_the_one_seen() -> None:
+    """From 5 blocks the trimmed t's p is its exact sign-flip distribution (Student's t with h - 1 df passed
+    5.9 % of equal builds at 5 blocks, alpha 0.05); its smallest p is 2 ** g over the sign vectors."""
+    rng = np.random.default_rng(12)
+    for n in (5, 6, 8):
+        for _ in range(3):
+            d = rng.normal(0.5, 1, n)
+            assert YUEN.p_paired(d, seed=0) == pytest.approx(_sign_flip_reference(d), abs=1e-12)
+    # flipping the one value trimmed from the bottom leaves the statistic as it was: 2 of 2 ** n vectors tie
+    positive = np.array([0.9, 1.0, 1.1, 1.2, 1.3, 1.4])
+    assert YUEN.p_paired(positive, seed=0) == YUEN.minimum_p(6, paired=True) == 2 / 64
+    assert YUEN.minimum_p(5, paired=True) == 1 / 16 and YUEN.minimum_p(4, paired=True) == 0.0
+    assert minimum_trials("yuen", 0.05, paired=True) == 6 and minimum_trials("yuen", 0.01, paired=True) == 8
+
+
+def test_the_resolution_floors_the_trimmed_spread_in_every_sign_vector() -> None:
+    """Differences in whole steps whose winsorized SD (0.55) is below the step: the statistic takes 1 in the
+    observed vector and in every other alike."""
+    d = np.array([2, 3, 2, 3, 2, 3, 2])
+    assert YUEN.p_paired(d, seed=0, floor=1.0) == pytest.approx(_sign_flip_reference(d.astype(float), 1.0))
+    assert YUEN.p_paired(d, seed=0, floor=1.0) != YUEN.p_paired(d, seed=0)
+
+
+@pytest.mark.parametrize(("base", "cand", "alpha"), [((0.80, 0.90), (0.83, 0.94), 0.05),
+                                                      ((0.80, 0.90, 0.80), (0.82, 0.93, 0.82), 0.01)])
+def test_yuen_applies_the_resolution_floor_its_reason_states(base: tuple[float, ...], cand: tuple[float, ...],
+                                                           alpha: float) -> None:
+    """Its reason said the test takes the block differences' sd as 0.01, but its p used 0.00707 (p 0.0452,
+    a pass; the t test 0.0635) and 0.00577 (p 0.0099 at 0.01; the t test 0.0281)."""
+    gain = Assertion("hit_rate", "A-again", "gain", True, unit="fraction")
+    samples = {gain.id: _blocked(np.array(base), np.array(cand))}
+    with pytest.warns(UserWarning, match="so the test takes the block differences' sd as 0.01"):
+        [y] = evaluate([gain], samples, alpha=alpha, method="yuen")
+        [w] = evaluate([gain], samples, alpha=alpha, method="welch")
+    assert y.p_value == pytest.approx(w.p_value, rel=1e-9) and y.outcome == w.outcome != "pass"
+    assert y.noise_sd == pytest.approx(0.01)
 
 
 def test_a_spread_that_trimming_removes_is_never_a_certainty() -> None:
     d = np.array([0.1, 0.1, 0.1, 0.1, 0.1, 3.0])     # the middle values equal: their spread is not the noise
-    # the plain variance in the winsorized one's place: 6 values, 4 kept, 3 df
-    expected = stats.t.sf(stats.trim_mean(d, TRIM) / math.sqrt(5 * np.var(d, ddof=1) / (4 * 3)), 3)
-    assert YUEN.p_paired(d, seed=0) == pytest.approx(expected, rel=1e-9) and expected > 0.4
-    assert math.isnan(YUEN.p_paired(np.full(6, 0.1), seed=0))      # no spread at all: no test possible
-    base = np.array([2.0, 2.4, 1.8, 2.2, 2.6, 2.1])
-    with pytest.warns(UserWarning, match="block differences were all equal"):
-        [v] = evaluate([WAIT], {WAIT.id: _blocked(base, (base - 0.3).round(2))}, alpha=0.05, method="yuen")
-    assert v.outcome == "inconclusive" and "No test was possible." in v.reason
+    assert YUEN.p_paired(d, seed=0) == pytest.approx(_sign_flip_reference(d)) == 0.25
+    assert math.isnan(YUEN.p_paired(np.full(6, 0.1), seed=0))      # no spread at all and no floor: no test
 
 
 def test_the_gate_names_yuens_test_and_it_sets_a_slow_start_aside_in_p_not_in_the_mean() -> None:
