@@ -78,6 +78,8 @@ def test_an_option_outside_the_scenario_is_checked_before_any_folder_or_host(
     (("--spending-rho", "3", "--trials", "4", "--max-trials", "4"), "ERROR: --spending-rho: shapes the alpha "
      "spent at each look of a sequential design, and every scenario decides once, at a fixed number of trials: "
      "reread-1g (4 trials per build); leave out --spending-rho, or give --max-trials above --trials"),
+    (("--scenario", "reread-1g", "--scenario", "reread-1g"),   # its tests were collected twice
+     "ERROR: --scenario: scenario reread-1g is named twice; each scenario runs once"),
     (("--tournament",), "ERROR: --tournament: screens several candidates for a recommendation, and the run has "
      "one (two_choice); leave out --tournament (one candidate is a gate of its own), or name several with "
      "--candidate A,B"),
