@@ -52,3 +52,19 @@ def test_a_run_given_history_noise_looks_after_two_blocks_with_the_earlier_runs_
     pooled = [p for p in props.values() if p.get("history_used") == "True"]
     assert pooled, props
     assert all(set(earlier) <= set(p["history_runs"].replace("'", "").strip("[]").split(", ")) for p in pooled), pooled
+
+
+def test_history_noise_with_an_empty_history_says_so_once_and_measures_as_usual(tmp_path: Path) -> None:
+    """A first run given `--history-noise` has no earlier run to pool: it is not refused (the option takes
+    effect from the next run on), the run says once that the noise is its own, and runs the design it would
+    without the option."""
+    from tests.support.labfixtures import small_scenario_option
+
+    inventory = write_inventory(tmp_path)
+    run = run_qualify(inventory, tmp_path / "reports", *small_scenario_option(tmp_path, "small"), "--history-noise",
+                      "-v")
+    assert run.returncode == 0, run.output
+    said = [line for line in run.output.splitlines() if "no earlier run" in line]
+    assert len(said) == 1 and said[0].endswith("small: two_choice: no earlier run of this lab, scenario and "
+                                               "builds: the noise is measured as usual"), said
+    assert _starts(run.run_dir()) == {"set4": 2, "two_choice": 2}

@@ -221,6 +221,8 @@ def test_candidate_list_in_the_file_and_on_the_command_line(tmp_path: Path) -> N
         load_inventory(path, candidate="lru4,two_choice,lru4")
     with pytest.raises(InventoryError, match=r"--candidate: unknown build 'set8' \(did you mean 'set4'\?\); known builds: lru4, set4"):
         load_inventory(path, candidate="lru4,set8")
+    written = write(tmp_path, text.replace("candidate: [two_choice, lru4]", "candidate: [lru4, set4]"), "w.yaml")
+    assert load_inventory(path, candidate="lru4,set4").model_dump() == load_inventory(written).model_dump()
     twice = write(tmp_path, text.replace("candidate: [two_choice, lru4]", "candidate: [lru4, lru4]"), "twice.yaml")
     with pytest.raises(InventoryError, match=r"twice.yaml:24: candidate\[1\]: build 'lru4' is named twice"):
         load_inventory(twice)

@@ -16,7 +16,8 @@ import pytest
 
 from cache_qualify.config.scenario import MethodName
 from cache_qualify.errors import PlanError
-from cache_qualify.methods import DEFAULT, METHODS, NAMES, DataTest, SpreadTest, method
+from cache_qualify.methods import DEFAULT, METHODS, NAMES, method
+from cache_qualify.methods.kinds import DataTest, SpreadTest
 from cache_qualify.stats.levels import check_plan
 from cache_qualify.stats.power import minimum_trials, trials_for_power
 from tests.support.labfixtures import REPO

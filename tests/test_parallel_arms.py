@@ -191,14 +191,17 @@ def test_parallel_arms_run_each_block_on_both_groups_at_once_crossing_over(tmp_p
     assert "this host's waits 1.1 times longer" in logs
 
 
-@pytest.mark.slow
-def test_parallel_arms_on_one_group_fail_before_any_lab_time(tmp_path: Path) -> None:
+def test_parallel_arms_on_one_group_are_refused_before_any_folder_or_host(tmp_path: Path) -> None:
+    """It failed inside test_all_ranks_started with a PlanError and kept a run folder: now the setup refuses
+    it in one line, exit status 4, as any option that cannot take effect."""
     inventory = write_inventory(tmp_path)
     run = run_qualify(inventory, tmp_path / "reports", "--scenario", str(small_scenario(tmp_path, "small")),
                       "--parallel-arms", "--no-plots")
-    assert run.returncode != 0
-    assert "--parallel-arms" in run.output and "default (3 hosts)" in run.output, run.output
-    assert not (run.run_dir() / "trials.csv").exists() or len(trial_rows(run.run_dir())) == 0
+    assert run.returncode == 4, run.output
+    assert [line for line in run.output.splitlines() if line.strip()] == [
+        "ERROR: --parallel-arms runs the baseline and the candidate at once, each on a host group of its own: it "
+        "needs two groups with as many hosts, and the inventory's `groups:` give default (3 hosts)"], run.output
+    assert run.run_folders() == []
 
 
 def main() -> None:

@@ -118,3 +118,34 @@ def test_plugin_loads_without_xdist(tmp_path: Path) -> None:
     run = run_qualify(inventory, tmp_path / "reports", "--preflight-only", "-p", "no:xdist")
     assert run.returncode == 0, run.output
     assert "16 passed" in run.output
+
+
+HEAVY = ("numpy", "pandas", "scipy", "matplotlib")
+
+
+def test_importing_the_plugin_loads_no_numpy_pandas_scipy_or_matplotlib() -> None:
+    """Every pytest process on a machine with cache-qualify installed loads the plugin: its import must
+    not pull in the statistics (166 ms of numpy alone); they load when a qualification runs."""
+    probe = ("import cache_qualify.plugin, sys; "
+             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {set(HEAVY)!r}))")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          check=True)
+    assert proc.stdout.strip() == "[]", proc.stdout[:500]
+
+
+def test_the_test_option_offers_every_registered_method() -> None:
+    """`--test`'s choices are the names the plugin knows without importing the methods: each is the name its
+    module registers, and the registry holds no other."""
+    from cache_qualify.methods import DEFAULT, METHODS, NAMES
+
+    assert [m.name for m in METHODS.values()] == list(NAMES) and DEFAULT in NAMES
+    help_text = pytest_cli("--help").stdout
+    assert re.search(r"--test=\{" + ",".join(NAMES) + r"\}", help_text), help_text
+
+
+def test_the_plugin_import_benchmark_prints_its_cost_against_pytest() -> None:
+    proc = subprocess.run([sys.executable, "-m", "cache_qualify.cli", "bench-plugin-import", "--repeat", "1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
+    assert re.fullmatch(r"bench-plugin-import: `import cache_qualify.plugin` \d+ ms, `import pytest` \d+ ms "
+                        r"\(median of 1 fresh interpreters each, alternated\): ratio \d+\.\d\d, "
+                        r"the plugin's own [+-]\d+ ms\n", proc.stdout), proc.stdout

@@ -133,6 +133,12 @@ def test_resume_refuses_options_that_change_what_the_run_measures(tmp_path: Path
     again = run_qualify(inventory, reports, "--resume", RUN_ID, "--trials", "3")
     assert again.returncode == 4
     assert "--resume: the run was made with --trials 2, not 3; leave --trials out" in again.output
+    # its seed and id are the run's: another would be ignored, so it is refused the same way
+    for option, value, recorded in (("--seed", "6", "5"), ("--run-id", "other", repr(RUN_ID))):
+        again = run_qualify(inventory, reports, "--resume", RUN_ID, option, value)
+        assert again.returncode == 4, again.output
+        shown = repr(int(value)) if option == "--seed" else repr(value)
+        assert f"--resume: the run was made with {option} {recorded}, not {shown}; leave {option} out" in again.output
     # a plan written before, by the options' internal names, is restored the same way
     older = {"cq_" + k.lstrip("-").replace("-", "_").replace("scenario", "scenarios"): v
              for k, v in plan["options"].items()}

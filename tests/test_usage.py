@@ -54,8 +54,62 @@ def test_a_bad_option_is_refused_like_the_same_value_in_the_scenario_file(tmp_pa
     reports = tmp_path / "reports"
     status, lines = pytest_run("qualify", "--hosts", "hosts.yaml", "--reports-dir", str(reports), option, value,
                                cwd=REPO)
-    assert (status, lines) == (USAGE_ERROR, [f"ERROR: {option}: {expected} (scenario 'reread-1g')"])
+    assert (status, lines) == (USAGE_ERROR, [f"ERROR: {option}: {expected}"])
     assert not reports.exists()
+
+
+@pytest.mark.parametrize(("option", "value", "expected"), [
+    ("--seed", "-1", "expected value >= 0, found -1"),
+    ("--lock-wait", "-5", "expected value >= 0, found -5.0"),
+])
+def test_an_option_outside_the_scenario_is_checked_before_any_folder_or_host(
+        tmp_path: Path, option: str, value: str, expected: str) -> None:
+    """`--seed -1` reached numpy's ValueError after the host groups were claimed, and `--lock-wait -5` meant
+    "do not wait": both are refused like a scenario's field, in one line, before the run folder is made."""
+    status, lines = _qualify_in_a_copy(tmp_path, option, value)
+    assert (status, lines) == (USAGE_ERROR, [f"ERROR: {option}: {expected}"])
+    assert _run_folders(tmp_path) == []
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    (("--parallel-arms",), "ERROR: --parallel-arms runs the baseline and the candidate at once, each on a host "
+     "group of its own: it needs two groups with as many hosts, and the inventory's `groups:` give default "
+     "(3 hosts)"),
+    (("--spending-rho", "3", "--trials", "4", "--max-trials", "4"), "ERROR: --spending-rho: shapes the alpha "
+     "spent at each look of a sequential design, and every scenario decides once, at a fixed number of trials: "
+     "reread-1g (4 trials per build); leave out --spending-rho, or give --max-trials above --trials"),
+    (("--scenario", "reread-1g", "--scenario", "reread-1g"),   # its tests were collected twice
+     "ERROR: --scenario: scenario reread-1g is named twice; each scenario runs once"),
+    (("--tournament",), "ERROR: --tournament: screens several candidates for a recommendation, and the run has "
+     "one (two_choice); leave out --tournament (one candidate is a gate of its own), or name several with "
+     "--candidate A,B"),
+])
+def test_an_option_that_cannot_take_effect_on_this_lab_is_refused_before_any_folder_or_host(
+        tmp_path: Path, options: tuple[str, ...], expected: str) -> None:
+    """The committed lab has one host group and one candidate, and the default scenario with `--trials 4
+    --max-trials 4` decides once: each of these options would be ignored (or fail inside a test, keeping a
+    run folder), so it is refused in one line, exit status 4."""
+    status, lines = _qualify_in_a_copy(tmp_path, *options)
+    assert (status, lines) == (USAGE_ERROR, [expected])
+    assert _run_folders(tmp_path) == []
+
+
+def test_spending_rho_is_accepted_where_the_design_is_sequential(tmp_path: Path) -> None:
+    status, lines = _qualify_in_a_copy(tmp_path, "--spending-rho", "3", "--trials", "4", "--max-trials", "8",
+                                       "--collect-only", "-q")
+    assert status == 0, lines
+
+
+def _qualify_in_a_copy(tmp_path: Path, *args: str) -> tuple[int, list[str]]:
+    """`pytest qualify --hosts hosts.yaml ARGS` in a copy of the repository's qualification folder and
+    inventory, writing into its default reports folder (`reports/` beside them)."""
+    shutil.copytree(REPO / "qualify", tmp_path / "qualify", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "hosts.yaml", tmp_path / "hosts.yaml")
+    return pytest_run("qualify", "--hosts", "hosts.yaml", *args, cwd=tmp_path)
+
+
+def _run_folders(tmp_path: Path) -> list[Path]:
+    return sorted(p for p in (tmp_path / "reports").glob("*") if p.is_dir())
 
 
 def test_options_that_disagree_with_each_other_are_refused_naming_both(tmp_path: Path) -> None:
