@@ -76,6 +76,16 @@ def test_figures_read_together_keep_their_order_with_the_digits_it_takes() -> No
     assert shown["difference"] == -826.055   # a figure read against none keeps its 6 digits
 
 
+def test_junit_leaves_out_figures_a_verdict_has_none_of_and_writes_booleans_as_xml_does() -> None:
+    """A verdict without a figure (no trials needed, no adjusted p) names none of them, where JUnit read
+    `value="None"`; a yes/no figure is XML Schema's `true` / `false`, not Python's `True`."""
+    shown = junit_figures(pages_record(trials_needed=None, p_adjusted=None, higher_is_better=False))
+    assert "trials_needed" not in shown and "p_adjusted" not in shown, shown
+    assert None not in shown.values() and "None" not in map(str, shown.values()), shown
+    assert shown["higher_is_better"] == "false"
+    assert junit_figures(pages_record())["higher_is_better"] == "true"
+
+
 @given(st.lists(st.floats(min_value=-1e6, max_value=1e6, allow_nan=False), min_size=3, max_size=3),
        st.lists(st.floats(min_value=0, max_value=1, allow_nan=False), min_size=3, max_size=3))
 def test_rounding_never_changes_an_order_the_reading_rule_reads(bounds: list[float], chances: list[float]) -> None:
