@@ -17,12 +17,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
 from cache_qualify.gate import (CHANCE_DIGITS, READ_TOGETHER, UNIT_DIGITS, failure_message, junit_figures,
                                 significant)
 from cache_qualify.samples.records import VerdictRecord, figures
+from cache_qualify.stats.assertion import Assertion
+from cache_qualify.stats.verdict import evaluate
 from cache_qualify.units import unit
 from tests.support.labfixtures import run_qualify, small_scenario, write_inventory
 
@@ -116,6 +119,21 @@ def test_a_failure_message_says_its_outcome_once(outcome: str, reason: str, says
     assert message == f"kv_pages-no_regression[startup] (fat vs set4){says}", message
     assert not re.search(r"\b(fail|inconclusive)\b.*\b\1\b", message, re.IGNORECASE), message
     assert not NOISE.search(message), message
+
+
+def test_a_failure_message_states_each_figure_once() -> None:
+    """A KV-page regression as the verdict words it: its interval was in the headline (-2,480 to -2,208
+    pages), its upper end again against the boundary (-2208 pages) and the interval a third time in the
+    reason's account; now once, with the boundary once."""
+    kv = Assertion("kv_pages", "startup", "no_regression", True, margin=0.02, unit="pages")
+    base = np.random.default_rng(11).normal(41_300, 30, 5)
+    [verdict] = evaluate([kv], {kv.id: (base, base - 2_344)}, alpha=0.01)
+    record = verdict.record("fat")
+    message = failure_message(record.id, "set4", record)
+    assert record.outcome == "fail" and "the interval's upper end" in record.reason, record.reason
+    assert message.count(" % interval ") == 1 and "interval's upper end" not in message, message
+    assert message.count(str(record.null_boundary).split(".")[0][:4]) == 1, message   # the boundary once
+    assert message.startswith("kv_pages-no_regression[startup] (fat vs set4). A regression beyond the margin"), message
 
 
 @pytest.mark.slow
