@@ -65,9 +65,10 @@ def test_a_run_that_ends_before_any_trial_prints_one_line_and_leaves_no_folder(
         tmp_path: Path, options: list[str], why: str) -> None:
     inventory = write_inventory(tmp_path)
     reports = tmp_path / "reports"
-    run = run_qualify(inventory, reports, *options)
+    run = run_qualify(inventory, reports, *options, "-v")   # -v undoes -q: pytest names the files it wrote
     assert run.returncode in (0, 5), run.output
     assert run.tail() == [f"nothing measured: {why}; no run folder kept"], run.output
+    assert "generated xml file" not in run.output, run.output   # of a folder that is not kept
     assert not reports.exists() or not [p for p in reports.iterdir() if p.is_dir()], list(reports.iterdir())
     assert "could not be rendered" not in run.output and "--resume" not in run.output
 
