@@ -431,6 +431,20 @@ def test_cli_reports_a_missing_folder(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "nope: no such run folder; expected a folder reports/<run-id>/" in capsys.readouterr().err
 
 
+def test_a_sequential_runs_tables_say_which_looks_trials_they_cover(copied_run: Path, summary: str) -> None:
+    """Verdicts decided at a look of 2 trials per build beside tables over all 4: the summary says which
+    covers what (a verdict's 1.278 s over 4 trials stood beside a Requests table's 0.916 s over 8)."""
+    assert "the look that decided it" not in summary   # verdicts over every trial: nothing to tell apart
+    path = copied_run / f"verdicts-{SCENARIO}.json"
+    verdicts = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps([{**v, "trials_baseline": 2, "trials_candidate": 2} for v in verdicts]),
+                    encoding="utf-8")
+    section = render_run(copied_run, plots=False).read_text(encoding="utf-8").split("### Verdicts", 1)[1]
+    assert (f"Trials: each verdict is over the trials of the look that decided it (its Trials column); the "
+            f"tables above, of requests and starts, are over every valid trial of the run ({BASE} {TRIALS}, "
+            f"{CAND} ") in section, section
+
+
 def test_empty_samples_file_is_explained(copied_run: Path) -> None:
     (copied_run / "samples.csv").write_text("", encoding="utf-8")
     with pytest.raises(SamplesError, match=r"samples\.csv is empty: the run recorded nothing"):
