@@ -131,6 +131,21 @@ def test_sudo_asks_for_a_password(tmp_path: Path) -> None:
     check_aftermath(lab)
 
 
+def test_the_preflight_runs_under_k_as_without_it(tmp_path: Path) -> None:
+    """-k choosing one assertion deselected every preflight test: the run went on to the lab and left a
+    run folder; now the preflight stops it as it does without -k."""
+    lab = local_lab(tmp_path, server={"drop_caches": "echo 'sudo: a password is required' >&2; exit 1"})
+    run = lab.qualify_junit_outside("--seed", "3", "-k", "kv_pages")
+    assert run.returncode == 1, run.output[-4000:]
+    assert sorted(failures(run)) == [f"test_drop_caches[{host}]" for host in lab.hosts], run.output[-4000:]
+    blocked = [why for name, why in skipped(run).items() if "kv_pages" in name]
+    assert len(blocked) == 1 and blocked[0].startswith("not run: blocked by the failed preflight checks"), blocked
+    assert run.tail() == [run.tail()[0]] and run.tail()[0].startswith("nothing measured: the preflight check "
+                                                                      "test_drop_caches["), run.tail()
+    assert run.tail()[0].endswith("(and 2 more failed); no run folder kept"), run.tail()
+    check_aftermath(lab)
+
+
 @pytest.fixture
 def stale_lab(tmp_path: Path) -> Iterator[tuple[SimRun, int]]:
     """A lab whose gb10-a still runs rank 0 of an earlier run, recorded in its host folder."""

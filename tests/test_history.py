@@ -376,9 +376,9 @@ def test_page_loads_in_a_browser_with_every_run_and_its_trends(stepped: Path, tm
         driver.get(page.as_uri())
         run_ids = driver.execute_script(
             "return [...document.querySelectorAll('#runs tr[data-run]')].map(r => r.dataset.run)")
-        assert run_ids == [f.name for f in folders]
+        assert run_ids == [f.name for f in folders][::-1]   # newest first
         links = driver.execute_script("return [...document.querySelectorAll('#runs a.summary')].map(a => a.href)")
-        assert links == [f.resolve().as_uri() for f in folders]
+        assert links == [f.resolve().as_uri() for f in folders][::-1]
         trends = driver.execute_script(
             "return [...document.querySelectorAll('figure.trend')].map(f => [f.querySelector('svg').getBBox().width,"
             " f.querySelector('figcaption').textContent])")

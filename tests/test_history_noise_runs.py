@@ -49,7 +49,7 @@ def test_a_run_given_history_noise_looks_after_two_blocks_with_the_earlier_runs_
     assert set(starts) == {"set4", "two_choice"} and all(2 <= n <= 4 for n in starts.values()), starts
     props = {name: {p.get("name"): p.get("value") for p in case.iter("property")}
              for name, case in run.testcases().items()}
-    pooled = [p for p in props.values() if p.get("history_used") == "True"]
+    pooled = [p for p in props.values() if p.get("history_used") == "true"]
     assert pooled, props
     assert all(set(earlier) <= set(p["history_runs"].replace("'", "").strip("[]").split(", ")) for p in pooled), pooled
 

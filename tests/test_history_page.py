@@ -7,7 +7,7 @@ set4 in the sixth (every wait about four times longer, flagged and set aside by
 the suite's own rule), each run with its summary, then two runs of llama-server
 (prompt time in s, KV cells). The page is written into the reports folder, as
 CI publishes it. Read from the page itself: the axis labels, the tick labels and
-the SVG coordinates of the points, the links and the filter.
+the SVG coordinates of the points, the links and the filter, and what a laptop's first screen shows.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def test_waits_in_seconds_refs_on_the_axis_and_links_to_summaries(page: Any, rep
 
     rows = page.execute_script("return [...document.querySelectorAll('#runs tr[data-run]')]"
                                ".map(r => [r.dataset.run, r.querySelector('a.summary').href])")
-    every = [*run_ids, "llama000", "llama001"]
+    every = [*run_ids, "llama000", "llama001"][::-1]   # newest first
     assert rows == [[r, summary_uri(reports, r)] for r in every]
     page.find_element("css selector", f'#runs tr[data-run="lab{BAD_RUN:03d}"] a.summary').click()
     assert unquote(urlparse(page.current_url).path) == str((reports / f"lab{BAD_RUN:03d}" / "summary.html").resolve())
@@ -175,7 +175,7 @@ def test_bad_starts_marked_and_left_out_of_the_line(page: Any, reports: Path) ->
     assert wait["builds"]["two_choice"]["aside"] == []
     assert f"set aside as bad starts by their run's verdicts, so out of the line: set4 {bad} trial {BAD_TRIAL + 1}" \
         in wait["caption"]
-    cell = page.execute_script(f"return document.querySelector('#runs tr[data-run=\"{bad}\"]').cells[6].textContent")
+    cell = page.execute_script(f"return document.querySelector('#runs tr[data-run=\"{bad}\"]').cells[7].textContent")
     assert int(cell) >= 1
 
 
@@ -205,14 +205,14 @@ def test_filter_by_scenario_and_build(page: Any, reports: Path) -> None:
     assert len(everything["runs"]) == RUNS + 2
     Select(page.find_element("id", "scenario")).select_by_value(history_sim.LLAMA_SCENARIO)
     llama = visible(page)
-    assert llama["runs"] == ["llama000", "llama001"] and llama["shown"] == ["2 of 7 trends shown"]
+    assert llama["runs"] == ["llama001", "llama000"] and llama["shown"] == ["2 of 7 trends shown"]
     assert all(f.startswith(history_sim.LLAMA_SCENARIO + " ") for f in llama["figures"]), llama
     assert page.current_url.endswith(f"#scenario={history_sim.LLAMA_SCENARIO}")
 
     Select(page.find_element("id", "scenario")).select_by_value("")
     Select(page.find_element("id", "build")).select_by_value("two_choice")
     two_choice = visible(page)
-    assert two_choice["runs"] == [f"lab{i:03d}" for i in range(RUNS)]
+    assert two_choice["runs"] == [f"lab{i:03d}" for i in range(RUNS)][::-1]
     assert len(two_choice["figures"]) == 5 and all(f.startswith(history_sim.SCENARIO) for f in two_choice["figures"])
     figure = page.execute_script("return document.querySelector('figure.trend:not([hidden])').id")
     assert parts_shown(page, figure, "two_choice") and all(parts_shown(page, figure, "two_choice"))
@@ -254,3 +254,35 @@ def test_a_page_in_the_reports_folder_survives_publishing_it(reports: Path, tmp_
         assert target.is_file() and target.name == "summary.html" if kind == "summary" else target.is_dir(), href
     for path in [published / "history" / "index.html", *published.glob("*/summary.*"), *published.glob("*/plan.json")]:
         assert stat.S_IMODE(path.stat().st_mode) & stat.S_IROTH, path
+
+
+FIRST_SCREEN = """
+const row = document.querySelector('#runs tr[data-run]'), box = e => e.getBoundingClientRect();
+const outcome = row.querySelector('td.outcome'), verdicts = row.querySelector('td.verdicts');
+return {run: row.dataset.run, outcome: outcome.textContent, verdicts: verdicts.textContent,
+        bottom: Math.max(box(outcome).bottom, box(verdicts).bottom), height: window.innerHeight,
+        summary: row.querySelector('a.summary').href, trends: box(document.querySelector('figure.trend')).top,
+        table: document.querySelector('#runs th:nth-child(3)').textContent};
+"""
+
+
+def test_the_first_screen_of_a_laptop_shows_the_newest_runs_outcome_and_verdicts(browser: Any, reports: Path) -> None:
+    """At 1400x900 the newest run's row (its outcome, its candidate's verdicts and the assertions that
+    kept it from passing, its summary's link) is on the first screen, above every trend."""
+    browser.set_window_size(1400, 900)
+    try:
+        browser.get((reports / "history" / "index.html").as_uri() + "#")
+        browser.refresh()
+        first = browser.execute_script(FIRST_SCREEN)
+    finally:
+        browser.set_window_size(1300, 1000)
+    with History(default_url(reports)) as history:
+        newest = history.runs()[-1]
+    assert first["run"] == newest["run_id"] == "llama001" and first["summary"] == summary_uri(reports, "llama001")
+    assert first["outcome"] == newest["outcome"] and first["table"] == "outcome", first
+    (arm, counts), = newest["verdicts"].items()
+    assert first["verdicts"].startswith(f"{arm}: ") and all(f"{n} {o}" in first["verdicts"] for o, n in counts.items())
+    for assertion, outcome in newest["assertions"][arm]:
+        assert (f"{assertion} {outcome}" in first["verdicts"]) == (outcome != "pass"), (assertion, first)
+    assert 0 < first["bottom"] <= min(first["height"], 900), first
+    assert first["trends"] > first["bottom"], first

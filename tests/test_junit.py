@@ -17,12 +17,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
 from cache_qualify.gate import (CHANCE_DIGITS, READ_TOGETHER, UNIT_DIGITS, failure_message, junit_figures,
                                 significant)
 from cache_qualify.samples.records import VerdictRecord, figures
+from cache_qualify.stats.assertion import Assertion
+from cache_qualify.stats.verdict import evaluate
 from cache_qualify.units import unit
 from tests.support.labfixtures import run_qualify, small_scenario, write_inventory
 
@@ -76,6 +79,16 @@ def test_figures_read_together_keep_their_order_with_the_digits_it_takes() -> No
     assert shown["difference"] == -826.055   # a figure read against none keeps its 6 digits
 
 
+def test_junit_leaves_out_figures_a_verdict_has_none_of_and_writes_booleans_as_xml_does() -> None:
+    """A verdict without a figure (no trials needed, no adjusted p) names none of them, where JUnit read
+    `value="None"`; a yes/no figure is XML Schema's `true` / `false`, not Python's `True`."""
+    shown = junit_figures(pages_record(trials_needed=None, p_adjusted=None, higher_is_better=False))
+    assert "trials_needed" not in shown and "p_adjusted" not in shown, shown
+    assert None not in shown.values() and "None" not in map(str, shown.values()), shown
+    assert shown["higher_is_better"] == "false"
+    assert junit_figures(pages_record())["higher_is_better"] == "true"
+
+
 @given(st.lists(st.floats(min_value=-1e6, max_value=1e6, allow_nan=False), min_size=3, max_size=3),
        st.lists(st.floats(min_value=0, max_value=1, allow_nan=False), min_size=3, max_size=3))
 def test_rounding_never_changes_an_order_the_reading_rule_reads(bounds: list[float], chances: list[float]) -> None:
@@ -106,6 +119,21 @@ def test_a_failure_message_says_its_outcome_once(outcome: str, reason: str, says
     assert message == f"kv_pages-no_regression[startup] (fat vs set4){says}", message
     assert not re.search(r"\b(fail|inconclusive)\b.*\b\1\b", message, re.IGNORECASE), message
     assert not NOISE.search(message), message
+
+
+def test_a_failure_message_states_each_figure_once() -> None:
+    """A KV-page regression as the verdict words it: its interval was in the headline (-2,480 to -2,208
+    pages), its upper end again against the boundary (-2208 pages) and the interval a third time in the
+    reason's account; now once, with the boundary once."""
+    kv = Assertion("kv_pages", "startup", "no_regression", True, margin=0.02, unit="pages")
+    base = np.random.default_rng(11).normal(41_300, 30, 5)
+    [verdict] = evaluate([kv], {kv.id: (base, base - 2_344)}, alpha=0.01)
+    record = verdict.record("fat")
+    message = failure_message(record.id, "set4", record)
+    assert record.outcome == "fail" and "the interval's upper end" in record.reason, record.reason
+    assert message.count(" % interval ") == 1 and "interval's upper end" not in message, message
+    assert message.count(str(record.null_boundary).split(".")[0][:4]) == 1, message   # the boundary once
+    assert message.startswith("kv_pages-no_regression[startup] (fat vs set4). A regression beyond the margin"), message
 
 
 @pytest.mark.slow

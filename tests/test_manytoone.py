@@ -15,7 +15,7 @@ from cache_qualify.stats.manytoone import (CANNOT_PASS, MORE_TRIALS, Standing, T
 from cache_qualify.stats.sequential import DEFAULT_BOUNDARY, Boundary, plan_looks
 from cache_qualify.validation.simulate import SHAPES
 from cache_qualify.validation.promises import binomial_bound
-from cache_qualify.stats.verdict import Verdict, carry, evaluate
+from cache_qualify.stats.verdict import Verdict, VerdictWarning, carry, evaluate
 from tests.support import tournament_sim as sim
 
 RUNS = 400          # per fixed-design harness row: a second or two each
@@ -190,6 +190,19 @@ def test_a_failed_assertion_stops_a_lone_candidate_and_says_so() -> None:
     assert [v.outcome for v in arms.verdicts("only")] == ["fail", "inconclusive"]
     assert CANNOT_PASS in arms.verdicts("only")[1].reason and MORE_TRIALS not in arms.verdicts("only")[1].reason
     assert arms.stopped["only"] == f"look 1, after 3 trials per build: failed {failing.id}"
+
+
+def test_a_warning_is_said_once_an_assertion_with_the_look_it_first_applied_to() -> None:
+    """Every start of both builds gave the same KV pages at each of three looks, whose notes differ only
+    by their figures (the blocks so far): one warning for the run, naming look 1, not one a look."""
+    kv = KV_PAGES.assertion(0.0)
+    arms = Tournament(["only"], [kv], alpha=ALPHA, looks=(3, 4, 5))
+    with pytest.warns(VerdictWarning) as caught:
+        for k, n in enumerate((3, 4, 5), start=1):
+            arms.look(k, {"only": {kv.id: ([41_300.0] * n, [41_300.0] * n)}})
+    said = [str(w.message) for w in caught if issubclass(w.category, VerdictWarning)]
+    assert len(said) == 1 and said[0].startswith(f"{kv.id}: every start of both builds gave the same value"), said
+    assert "(look 1, the first it applied to; not said again)" in said[0], said
 
 
 def test_ranking_and_recommendation() -> None:

@@ -309,7 +309,7 @@ def test_verdicts_table_and_reasons(failing_run: Run, summary: str) -> None:
     for v in failing_run.verdicts:
         cells = _row(section, f"`{v['id']}`", after="### Verdicts")
         assert cells[1] == str(v["outcome"]).upper()
-        assert cells[-2] == f"{TRIALS} / {TRIALS}"
+        assert cells[-1] == f"{TRIALS} / {TRIALS}"   # no "Trials needed" column: no verdict has the figure
         if v["outcome"] != "pass":   # said once: the outcome in bold, then the reason without its own label
             assert f"- `{v['id']}` **{str(v['outcome']).upper()}**: {str(v['reason']).split(': ', 1)[1]}" in section
     third = next(v for v in failing_run.verdicts if v["id"] == "hit_rate-gain[A-third-read]")
@@ -434,6 +434,20 @@ def test_cli_report_rerenders(copied_run: Path, capsys: pytest.CaptureFixture[st
 def test_cli_reports_a_missing_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", str(tmp_path / "nope")]) == 2
     assert "nope: no such run folder; expected a folder reports/<run-id>/" in capsys.readouterr().err
+
+
+def test_a_sequential_runs_tables_say_which_looks_trials_they_cover(copied_run: Path, summary: str) -> None:
+    """Verdicts decided at a look of 2 trials per build beside tables over all 4: the summary says which
+    covers what (a verdict's 1.278 s over 4 trials stood beside a Requests table's 0.916 s over 8)."""
+    assert "the look that decided it" not in summary   # verdicts over every trial: nothing to tell apart
+    path = copied_run / f"verdicts-{SCENARIO}.json"
+    verdicts = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps([{**v, "trials_baseline": 2, "trials_candidate": 2} for v in verdicts]),
+                    encoding="utf-8")
+    section = render_run(copied_run, plots=False).read_text(encoding="utf-8").split("### Verdicts", 1)[1]
+    assert (f"Trials: each verdict is over the trials of the look that decided it (its Trials column); the "
+            f"tables above, of requests and starts, are over every valid trial of the run ({BASE} {TRIALS}, "
+            f"{CAND} ") in section, section
 
 
 def test_empty_samples_file_is_explained(copied_run: Path) -> None:

@@ -5,6 +5,7 @@ selecting none, only the preflight) prints one line and leaves no run folder."""
 from __future__ import annotations
 
 import sqlite3
+import warnings
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from cache_qualify.lab.control import host_dir
 from cache_qualify.config.inventory import load_inventory
 from cache_qualify.lab.locks import Holder, HostLock
 from cache_qualify.lab.transport import LocalTransport
+from cache_qualify.report.plots import Points, plot_requests
+from cache_qualify.report.render import render_run
 from cache_qualify.report.stopped import resume_command, why_undecided
 from cache_qualify.samples.records import Plan, RunOutcome, ScenarioOutcome
 from tests.support.labfixtures import run_qualify, write_inventory
@@ -40,6 +43,13 @@ def test_a_run_that_met_a_held_lock_names_it_and_is_no_history_point(tmp_path: P
     summary = (run.run_dir() / "summary.md").read_text(encoding="utf-8")
     assert f"**Nothing was measured**: the qualification could not run: LockHeld: host {host.name}: {held}" in summary
     assert "No trial ran." in summary and "valid measurements" not in summary
+    assert summary.count(held) == 1 and ".;" not in summary, summary   # the cause stated once, in one sentence
+    assert "**Undecided**: nothing was measured (why below); once that is mended, rerun with " in summary
+    with warnings.catch_warnings():   # drawn again with its plots: none, and no matplotlib warning
+        warnings.simplefilter("error")
+        summary = render_run(run.run_dir(), plots=True).read_text(encoding="utf-8")
+    assert not list(run.run_dir().glob("plots/*.png")) and "None: nothing was measured." in summary, summary
+    assert summary.count(held) == 1, summary
     with sqlite3.connect(tmp_path / "reports" / "history.sqlite") as db:
         tables = {name for (name,) in db.execute("select name from sqlite_master where type='table'")}
         assert "runs" not in tables or list(db.execute("select run_id from runs")) == []
@@ -55,9 +65,10 @@ def test_a_run_that_ends_before_any_trial_prints_one_line_and_leaves_no_folder(
         tmp_path: Path, options: list[str], why: str) -> None:
     inventory = write_inventory(tmp_path)
     reports = tmp_path / "reports"
-    run = run_qualify(inventory, reports, *options)
+    run = run_qualify(inventory, reports, *options, "-v")   # -v undoes -q: pytest names the files it wrote
     assert run.returncode in (0, 5), run.output
     assert run.tail() == [f"nothing measured: {why}; no run folder kept"], run.output
+    assert "generated xml file" not in run.output, run.output   # of a folder that is not kept
     assert not reports.exists() or not [p for p in reports.iterdir() if p.is_dir()], list(reports.iterdir())
     assert "could not be rendered" not in run.output and "--resume" not in run.output
 
@@ -77,3 +88,13 @@ def test_the_resume_command_is_the_first_one_continued() -> None:
     plan = Plan(run_id="r1", seed=1, command=("pytest", "qualify", "--hosts", "my lab.yaml", "--run-id", "r1",
                                               "--trials=4", "--run-id=r1"))
     assert resume_command(plan) == "pytest qualify --hosts 'my lab.yaml' --trials=4 --resume r1"
+
+
+def test_a_figure_of_no_points_draws_no_legend_and_no_warning(tmp_path: Path) -> None:
+    """matplotlib warns `No artists with labels found to put in legend` for a legend of nothing."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        path = plot_requests(tmp_path / "r.png", title="r: per-trial values", requests=["A"],
+                             points=[Points("set4", {"A": {"hit_rate": []}}), Points("two_choice", {})],
+                             panels=[("hit_rate", "hit rate (%)", 100.0)])
+    assert path.is_file()

@@ -109,6 +109,19 @@ def test_a_worse_candidate_fails_saying_it_was_not_better() -> None:
                                "worse than the baseline: candidate - baseline is below 0 (the interval's upper end -0.1")
 
 
+def test_a_regression_is_worded_against_no_difference_not_the_gains_boundary() -> None:
+    """A gain of at least 2 pp asked, the candidate far worse: the regression is read at 0 (the no-worse
+    boundary), not at the gain's +2 pp ("candidate - baseline is below +2 pp" justified a regression)."""
+    asked = Assertion("hit_rate", "A-third-read", "gain", True, min_effect=0.02, unit="fraction")
+    [v] = evaluate([asked], {asked.id: (_normal(0.864, 0.001, 5, 12), _normal(0.696, 0.001, 5, 13))},
+                   alpha=ALPHA)
+    assert v.outcome == "fail"
+    assert v.reason.startswith("Fail: a regression is shown, not the gain of at least 2 pp: the candidate is "
+                               "worse than the baseline: candidate - baseline is below 0 pp (the interval's "
+                               "upper end -16.67 pp < 0 pp)."), v.reason
+    assert "+2" not in v.reason, v.reason
+
+
 def test_a_gain_that_cannot_reach_the_minimum_effect_fails() -> None:
     needy = Assertion("hit_rate", "B-new-start", "gain", True, min_effect=0.05)
     [v] = evaluate([needy], {needy.id: (_normal(0.86, 0.001, 5, 14), _normal(0.87, 0.001, 5, 15))}, alpha=ALPHA)

@@ -45,3 +45,28 @@ def test_a_figure_that_rounds_to_zero_has_no_sign() -> None:
     assert [s.format(x, signed=True) for x in (-0.0, 0.0, -1e-9, 4e-5)] == ["0.000 s"] * 4
     assert s.format(-0.0004, signed=True, decimals=4) == "-0.0004 s"
     assert unit("fraction").format(-0.00001, signed=True) == "0.00 pp"
+
+
+def test_a_column_no_verdict_has_a_figure_for_is_left_out() -> None:
+    """A decided run sizes no more trials: no "Trials needed" column of "—" in every row; an undecided
+    verdict that has the figure brings the column back, with "—" for the others."""
+    decided = [_pass(0.2, 0.3, 0.5, higher_is_better=True)]
+    header = next(line for line in verdict_rows(decided) if line.startswith("| Assertion"))
+    assert "Trials needed" not in header and "Trials (baseline / candidate)" in header, header
+    undecided = VerdictRecord(**{**decided[0].__dict__, "id": "kv_pages-gain[A]", "outcome": "inconclusive",
+                                 "trials_needed": 14})
+    lines = verdict_rows([*decided, undecided])
+    assert "Trials needed" in next(line for line in lines if line.startswith("| Assertion"))
+    assert [line.rstrip(" |").rsplit("| ", 1)[-1] for line in lines if line.startswith("| `")] == ["—", "14"]
+
+
+def test_the_verdicts_say_when_the_historys_noise_was_used_from_which_runs_in_the_tables_unit() -> None:
+    """`--history-noise` was not mentioned in summary.md at all; its SD was raw ns beside text in s."""
+    plain = _pass(0.2, 0.3, 0.5, higher_is_better=True)
+    assert not [line for line in verdict_rows([plain]) if "History" in line]
+    used = VerdictRecord(**{**plain.__dict__, "unit": "ns", "history_sd": 61_000_000.0, "history_df": 9,
+                            "history_runs": ("lab003", "lab004"), "history_used": True})
+    lines = verdict_rows([used])
+    assert "History's noise (`--history-noise`):" in lines, lines
+    assert (f"- `{WAIT}`: SD 0.061 s (9 degrees of freedom) over the earlier run(s) `lab003`, `lab004`: "
+            f"pooled with this run's.") in lines, lines

@@ -213,7 +213,7 @@ class QualifyRun:
                     broken.append(f"{name}: {props}")
                 continue
             low, high, boundary = (_number(props[k]) for k in ("ci_low", "ci_high", "null_boundary"))
-            better, worse = (low > boundary, high < boundary) if props["higher_is_better"] == "True" \
+            better, worse = (low > boundary, high < boundary) if props["higher_is_better"] == "true" \
                 else (high < boundary, low > boundary)
             if passed != better or (worse and props["outcome"] != "fail"):
                 broken.append(f"{name}: {props}")
