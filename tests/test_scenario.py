@@ -45,7 +45,12 @@ def edit(old: str, new: str) -> str:
 def test_base_scenario_defaults(tmp_path: Path) -> None:
     scenario = load_scenario(write(tmp_path, BASE))
     assert (scenario.concurrency, scenario.test, scenario.alpha, scenario.block_size) == (1, "welch", 0.01, 1)
-    assert (scenario.request.max_tokens, scenario.request.logprobs, scenario.request.stream) == (1, 20, False)
+    assert (scenario.request.max_tokens, scenario.request.logprobs, scenario.request.stream) == (1, None, False)
+    # left out, `logprobs` is the runtime profile's: the RowCache study's 20 on flare, none on llama-server
+    assert scenario.request.over(resolve("flare").request).logprobs == 20
+    assert scenario.request.over(resolve("llama-cpp").request).logprobs is None
+    given = load_scenario(write(tmp_path, BASE + "request: {logprobs: null, max_tokens: 2}\n"))
+    assert (given.request.over(resolve("flare").request).logprobs, given.request.max_tokens) == (None, 2)
     assert scenario.corpus.id_range == (3, 127_999)
     assert scenario.first_reads() == ["A", "B"]
     assert scenario.expectations[2].request == "*"
