@@ -70,7 +70,8 @@ MALFORMED: list[tuple[str, str, str, str, int | None]] = [
     ("gain-on-all-requests", "request: A2, kind: gain", 'request: "*", kind: gain',
      r"expectations\[0\]\.kind: the hit rate of a first read \(A, B\)", 12),
     ("unknown-request", "request: A2,", "request: A3,",
-     r"expectations\[0\]\.request: unknown request 'A3'; expected \"\*\" or one of: A, A2, B", 12),
+     r"expectations\[0\]\.request: unknown request 'A3' \(did you mean 'A'\?\); expected \"\*\" or "
+     r"one of: A, A2, B", 12),
     ("gain-without-min-effect", "kind: gain, min_effect: 0.02", "kind: gain",
      r"expectations\[0\]\.min_effect: a gain needs `min_effect`", 12),
     ("gain-with-margin", "kind: gain, min_effect: 0.02", "kind: gain, min_effect: 0.02, margin: 0.1",
@@ -122,7 +123,8 @@ MALFORMED: list[tuple[str, str, str, str, int | None]] = [
      r"expectations: expected at least 1 item, found none", 11),
     ("unknown-key", "trials: 4\n", "trials: 4\ntrails: 5\n",
      r"trails: unknown key \(did you mean 'trials'\?\)", 11),
-    ("name-not-file-name", "name: mini", "name: other", r":1: name: expected the file's name 'mini', found 'other'", 1),
+    ("name-not-file-name", "name: mini", "name: other", r":1: name: expected the file's name 'mini', found 'other' \(a copied scenario is renamed inside "
+     r"too: `name: mini`\)", 1),
     ("yaml-syntax", "trials: 4\n", "trials: 4\n\tconcurrency: 2\n",
      r"mini\.yaml:11: YAML syntax error: .*found character '\\t' that cannot start any token", 11),
 ]
@@ -158,9 +160,11 @@ def test_tensor_parallel_must_match_the_group(tmp_path: Path) -> None:
 
 def test_find_scenario() -> None:
     assert find_scenario("reread-1g") == REPO / "fixtures" / "cache_qualify" / "config" / "scenarios" / "reread-1g.yaml"
-    with pytest.raises(ScenarioError, match=r"--scenario: unknown scenario 'reread-2g'; available: "
-                       r"long-prompt, reread-1g, reread-4g"):
-        find_scenario("reread-2g")
+    with pytest.raises(ScenarioError, match=r"--scenario: unknown scenario 'reread-1gg' \(did you mean "
+                       r"'reread-1g'\?\); available: long-prompt, reread-1g, reread-4g$"):
+        find_scenario("reread-1gg")
+    with pytest.raises(ScenarioError, match=r"--scenario: unknown scenario 'soak'; available: long-prompt, "):
+        find_scenario("soak")
 
 
 def test_find_scenario_accepts_a_path(tmp_path: Path) -> None:
