@@ -254,7 +254,7 @@ RUNTIME_PROBLEMS = [
 def test_a_scenario_is_checked_against_the_runtime_before_any_lab_time(tmp_path: Path, old: str, new: str,
                                                                        message: str) -> None:
     scenario = load_scenario(write(tmp_path, edit(old, new)))   # the file alone is valid
-    with pytest.raises(ScenarioError, match=r"mini\.yaml: " + message):
+    with pytest.raises(ScenarioError, match=r"mini\.yaml:\d+: " + message):
         check_against(scenario, resolve("flare"))
     check_against(load_scenario(write(tmp_path, BASE)), resolve("flare"))
 
@@ -289,3 +289,11 @@ def test_forbidding_prefix_reuse_needs_a_runtime_that_reports_cached_tokens(tmp_
     model = resolve("flare").for_prefix_reuse("measure")
     assert model.quantities["cached_tokens"].spec.response == "usage.prompt_tokens_details.cached_tokens"
     assert "cached_tokens" not in resolve("flare").for_prefix_reuse("forbid").quantities
+
+
+def test_a_unit_checked_against_the_runtime_names_the_file_and_line(tmp_path: Path) -> None:
+    """A min_effect in a unit of another kind than its quantity's is found only against the runtime's
+    profile, after loading: the error names the line all the same (before: file and field only)."""
+    scenario = load_scenario(write(tmp_path, edit("min_effect: 0.02}", "min_effect: 0.2 s}")))
+    with pytest.raises(ScenarioError, match=r"mini\.yaml:12: expectations\[0\]\.min_effect: "):
+        check_against(scenario, resolve("flare"))
