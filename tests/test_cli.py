@@ -4,6 +4,8 @@ and no module of the library builds a parser of the command."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,3 +53,14 @@ def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit, match=r"^0$"):
         main(["--version"])
     assert capsys.readouterr().out == f"cache-qualify {version('cache-qualify')}\n"
+
+
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly() -> None:
+    """`cache-qualify plan ... | head`: the write into the closed pipe is no traceback, and the status is
+    the shell's for a closed pipe (the reader is closed before the command has written anything)."""
+    proc = subprocess.Popen([sys.executable, "-m", "cache_qualify.cli", "plan", "--effect", "0.01", "--sd", "0.002"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert (proc.wait(timeout=120), err) == (cli.BROKEN_PIPE, "")

@@ -201,6 +201,35 @@ def test_an_http_error_status_is_a_failure_with_the_body(rank0: StubServer) -> N
             client.complete("A", PROMPT)
 
 
+# vLLM 0.x started with --skip-tokenizer-init, asked for logprobs; the emulated server on a long prompt
+VLLM_NO_TOKENIZER = {"object": "error", "message": "Unable to get tokenizer because skip_tokenizer_init is True",
+                     "type": "BadRequestError", "param": None, "code": 400}
+SIM_TOO_LONG = {"error": {"message": "`max_tokens`: prompt (10 tokens) + max_tokens (200000) = 200010 exceeds the "
+                          "server's limit of 163840 tokens", "type": "invalid_request_error"}}
+
+
+@pytest.mark.parametrize(("body", "options", "named"), [
+    (VLLM_NO_TOKENIZER, {}, r"refused the request's `logprobs: 20`: set `request: \{logprobs: null\}` in the "
+                            r"scenario \(or the runtime profile's `request:`"),
+    (SIM_TOO_LONG, {"max_tokens": 200_000}, r"refused the request's `max_tokens: 200000`: set `request: "
+                                            r"\{max_tokens: 1\}` in the scenario"),
+])
+def test_a_4xx_naming_a_request_parameter_names_the_field_to_change(
+        rank0: StubServer, body: dict[str, Any], options: dict[str, Any], named: str) -> None:
+    rank0.serve(PATH, json_reply(body, status=400))
+    with client_for(rank0) as client:
+        with pytest.raises(RequestFailed, match=r"answered HTTP 400 Bad Request, expected 200; .*" + named):
+            client.complete("A", PROMPT, **options)
+
+
+def test_a_4xx_naming_no_parameter_the_request_sent_says_only_the_servers_words(rank0: StubServer) -> None:
+    rank0.serve(PATH, json_reply({"error": "no such model"}, status=404))
+    with client_for(rank0) as client:
+        with pytest.raises(RequestFailed, match=r"HTTP 404 Not Found, expected 200; the body starts "
+                                                r"'\{\"error\": \"no such model\"\}'$"):
+            client.complete("A", PROMPT, logprobs=None)
+
+
 @pytest.mark.parametrize(("tokens", "options", "message"), [
     ([], {}, r"`tokens` is empty"),
     (PROMPT, {"max_tokens": 0}, r"`max_tokens` must be at least 1, got 0"),

@@ -60,8 +60,10 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     return capsys.readouterr().out
 
 
-def json_lines(text: str) -> list[dict[str, object]]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+def json_array(text: str) -> list[dict[str, object]]:
+    loaded = json.loads(text)   # --json prints one JSON array
+    assert isinstance(loaded, list)
+    return loaded
 
 
 @pytest.mark.slow
@@ -81,7 +83,7 @@ def test_import_twice_gives_the_same_database(tmp_path: Path, history_url: str,
         assert history.dump() == once
     assert len(once["trials"]) == 12 and len(once["trial_values"]) == 12
     plain = history_url.replace("postgresql+psycopg://", "postgresql://")  # as a lab engineer types it
-    runs = json_lines(cli(capsys, "history", "runs", "--json", "--history", plain))
+    runs = json_array(cli(capsys, "history", "runs", "--json", "--history", plain))
     assert [(r["run_id"], r["outcome"], r["scenario"], r["baseline"], r["candidates"]) for r in runs] == [
         ("run000", "inconclusive", "reread-1g", "set4", ["set4"]),
         ("run001", "inconclusive", "reread-1g", "set4", ["set4"]),
@@ -284,7 +286,7 @@ def test_change_found_at_the_step_and_none_without(stepped: Path, tmp_path: Path
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     quiet = history_sim.write_series(tmp_path, history_sim.quiet_series(np.random.default_rng(12)))
     cli(capsys, "history", "import", "--reports-dir", str(tmp_path), *map(str, quiet))
-    found = json_lines(cli(capsys, "history", "changes", "--json", "--build", "set4", "--reports-dir", str(stepped)))
+    found = json_array(cli(capsys, "history", "changes", "--json", "--build", "set4", "--reports-dir", str(stepped)))
     assert [(c["run_before"], c["run_after"], c["ref_before"], c["ref_after"], c["metric"], c["request"])
             for c in found] == [("run019", "run020", "c19", "c20", "hit_rate", "B-new-start")], found
     change = found[0]
@@ -293,9 +295,9 @@ def test_change_found_at_the_step_and_none_without(stepped: Path, tmp_path: Path
                         history_sim.STEP_SD * history_sim.SD, rel_tol=0.5)
     table = cli(capsys, "history", "changes", "--build", "set4", "--reports-dir", str(stepped))
     assert "run019 / run020" in table and "c19 / c20" in table and "1 change point(s)" in table
-    assert json_lines(cli(capsys, "history", "changes", "--json", "--build", "set4", "--reports-dir",
+    assert json_array(cli(capsys, "history", "changes", "--json", "--build", "set4", "--reports-dir",
                           str(tmp_path))) == []
-    trend = json_lines(cli(capsys, "history", "trend", "--json", "--build", "set4", "--reports-dir", str(stepped)))
+    trend = json_array(cli(capsys, "history", "trend", "--json", "--build", "set4", "--reports-dir", str(stepped)))
     assert len(trend) == 23 and all(r["ci_low"] < r["mean"] < r["ci_high"] for r in trend)  # type: ignore[operator]
 
 
@@ -410,3 +412,16 @@ def test_history_url_from_the_inventory_or_the_command_line_is_checked(tmp_path:
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4, proc.stdout + proc.stderr  # refused before any lab time
     assert "no driver for 'nosuchdb'" in proc.stdout + proc.stderr
+
+
+def test_a_trend_of_a_misspelt_build_or_metric_offers_the_close_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folders = history_sim.write_series(tmp_path, history_sim.quiet_series(np.random.default_rng(3), runs=2))
+    cli(capsys, "history", "import", "--reports-dir", str(tmp_path), *map(str, folders))
+    assert len(json_array(cli(capsys, "history", "runs", "--json", "--reports-dir", str(tmp_path)))) == 2
+    assert main(["history", "trend", "--build", "st4", "--reports-dir", str(tmp_path)]) == 2
+    assert ("--build 'st4' is none of the history's (did you mean 'set4'?); it has set4"
+            in capsys.readouterr().err)
+    assert main(["history", "trend", "--build", "set4", "--metric", "hit_rat", "--reports-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--metric 'hit_rat' is none of the history's (did you mean 'hit_rate'?)" in err and "--build" not in err

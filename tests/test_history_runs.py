@@ -42,7 +42,9 @@ def runs_json(history: str | None, cwd: Path) -> list[dict[str, object]]:
     proc = subprocess.run(["cache-qualify", "history", "runs", "--json", *(["--history", history] if history else [])],
                           cwd=cwd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    return [json.loads(line) for line in proc.stdout.splitlines()]
+    runs = json.loads(proc.stdout)   # one JSON array, as json.load reads it
+    assert isinstance(runs, list)
+    return runs
 
 
 def lab(tmp_path: Path, name: str) -> Path:

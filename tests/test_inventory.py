@@ -581,3 +581,11 @@ def test_a_misspelt_build_on_the_command_line_gets_a_suggestion() -> None:
     with pytest.raises(InventoryError, match=r"--candidate: unknown build 'two_chioce' \(did you mean 'two_choice'\?\); "
                                              r"known builds: "):
         load_inventory(REPO / "hosts.yaml", candidate="two_chioce")
+
+
+def test_a_key_misspelt_in_every_host_is_named_not_the_empty_list_it_leaves(tmp_path: Path) -> None:
+    """Every host refused leaves `hosts` empty too; that echo comes after the misspelling itself."""
+    text = BASE.replace("    address:", "    adress:")
+    with pytest.raises(InventoryError, match=r"hosts\.yaml:8: hosts\[0\]\.adress: unknown key \(did you mean "
+                                             r"'address'\?\); expected one of: .* \(and \d+ more problems\)$"):
+        load_inventory(write(tmp_path, text))

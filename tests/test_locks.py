@@ -86,6 +86,8 @@ def test_second_runner_gives_up_naming_the_holder(
                              wait_s=0.5)
         assert time.monotonic() - started >= 0.5
         assert info.value.host == "h1" and "run-42" in info.value.holder
+        assert str(info.value).endswith("Wait for that run to finish, or stop it if it is stuck (`ps -p 4242` on "
+                                        "runner-7 shows whether it still runs).")
     assert not lock.held
     with HostLock.acquire(other, path=str(lock_path), holder=Holder.current("run-43")):
         pass  # free again once released

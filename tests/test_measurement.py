@@ -14,7 +14,8 @@ from cache_qualify.config.yamlsource import FieldProblem
 from cache_qualify.errors import InventoryError, ProfileError
 from cache_qualify.trials.figures import combine, delta
 from cache_qualify.trials.measure import Snapshot
-from tests.support.labfixtures import REPO, edited, write_file
+from cache_qualify.samples import runfolder
+from tests.support.labfixtures import REPO, edited, run_qualify, small_scenario_option, write_file, write_inventory
 
 HOSTS_YAML = (REPO / "hosts.yaml").read_text(encoding="utf-8")
 
@@ -108,8 +109,9 @@ def test_an_inventory_overrides_its_runtime_and_names_file_line_and_field(tmp_pa
                                              r"its unit"):
         load_inventory(write_file(tmp_path, bad, "hosts.yaml"))
     unknown = edited(HOSTS_YAML, "  runtime: flare\n", "  runtime: tgi\n")
-    with pytest.raises(InventoryError, match=r"server\.runtime: unknown runtime 'tgi'; shipped profiles: flare, "
-                                             r"llama-cpp"):
+    with pytest.raises(InventoryError, match=r"server\.runtime: unknown runtime 'tgi'; expected a shipped profile "
+                                             r"\(flare, llama-cpp, sglang, vllm\) or a profile file of the lab's "
+                                             r"own, relative to the inventory \(`runtime: \./tgi\.yaml`"):
         load_inventory(write_file(tmp_path, unknown, "hosts.yaml"))
 
 
@@ -118,7 +120,8 @@ def test_an_inventory_names_its_runtime_there_is_no_default(tmp_path: Path) -> N
     line = text.splitlines().index("server:") + 1
     with pytest.raises(InventoryError, match=rf"hosts\.yaml:{line}: server\.runtime: required field is missing; "
                                              r"expected the runtime the hosts run, whose measurement profile the "
-                                             r"suite reads: one of flare, llama-cpp, sglang, vllm$"):
+                                             r"suite reads: one of flare, llama-cpp, sglang, vllm, or a profile "
+                                             r"file of the lab's own \(\./my-runtime\.yaml\)$"):
         load_inventory(write_file(tmp_path, text, "hosts.yaml"))
 
 
@@ -145,7 +148,7 @@ def test_a_shipped_profile_that_is_wrong_names_its_file_and_field(tmp_path: Path
         "quantities:\n  hits: {counter: h_total, unit: tokens}\n", encoding="utf-8")
     with pytest.raises(ProfileError, match=r"broken\.yaml:3: columns: not a quantity of the profile: hit_rate"):
         load_profile("broken", tmp_path)
-    with pytest.raises(ProfileError, match=r"unknown runtime 'nothing'; shipped profiles: broken"):
+    with pytest.raises(ProfileError, match=r"unknown runtime 'nothing'; expected a shipped profile \(broken\)"):
         load_profile("nothing", tmp_path)
 
 
@@ -178,3 +181,75 @@ def test_llama_server_figures_keep_fractional_seconds_and_whole_tokens() -> None
     assert figures["hit_rate"] == pytest.approx(4999 / 5000)
     assert figures["prompt_time_s"] == pytest.approx(0.14581)
     assert build_model(load_profile("llama-cpp")).names() == llama.names()
+
+
+FLARE_PROFILE = (REPO / "fixtures/cache_qualify/config/runtimes/flare.yaml").read_text(encoding="utf-8")
+
+
+def own_runtime(tmp_path: Path, profile: str, runtime: str = "./myruntime.yaml") -> Path:
+    """The committed inventory beside a profile file of its own (`profile`, as myruntime.yaml), naming it."""
+    write_file(tmp_path, profile, "myruntime.yaml")
+    return write_file(tmp_path, edited(HOSTS_YAML, "  runtime: flare\n", f"  runtime: {runtime}\n"), "hosts.yaml")
+
+
+def test_an_inventory_may_name_a_profile_file_of_its_own_beside_it(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path is relative to the inventory (not the working directory); the profile is read as a shipped
+    one is, with the inventory's overrides over it."""
+    text = edited(FLARE_PROFILE, "runtime: flare\n", "runtime: myruntime\n")
+    inventory = own_runtime(tmp_path, edited(text, "request: {max_tokens: 1, logprobs: 20}\n",
+                                             "request: {max_tokens: 2}\n"))
+    monkeypatch.chdir(REPO)
+    model = load_inventory(inventory).measurement
+    assert (model.runtime, model.columns) == ("myruntime", resolve("flare").columns)
+    assert (model.request.max_tokens, model.request.logprobs) == (2, None)
+    overridden = write_file(tmp_path, edited(inventory.read_text(), "builds:\n",
+                                             "measurements:\n  hits: {counter: my_hits_total}\nbuilds:\n"),
+                            "hosts.yaml")
+    assert load_inventory(overridden).measurement.quantities["hits"].spec.counter == "my_hits_total"
+
+
+@pytest.mark.parametrize(("profile", "runtime", "error", "message"), [
+    (None, "./missing.yaml", InventoryError, r"hosts\.yaml:\d+: server\.runtime: no profile file "
+                                            r"'\./missing\.yaml' \(looked for .*missing\.yaml\); a path is "
+                                            r"relative to the inventory's directory$"),
+    (None, "./myruntime", InventoryError, r"server\.runtime: expected a profile file ending in \.yaml, found "
+                                         r"'\./myruntime'$"),
+    (FLARE_PROFILE, "./myruntime.yaml", ProfileError, r"myruntime\.yaml:4: runtime: expected the file's name "
+                                                     r"'myruntime', found 'flare' \(a copied profile is renamed "
+                                                     r"inside too\)$"),
+    ("runtime: myruntime\ndescription: d\nrequest: {logprobs: 50}\nquantities:\n  hits: {counter: h, unit: rows}\n",
+     "./myruntime.yaml", ProfileError, r"myruntime\.yaml:3: request\.logprobs: expected a value less than or "
+                                       r"equal to 20, found 50$"),
+    ("runtime: myruntime\ndescription: d\nquantities:\n  hits: {counter: h, unit: rowz}\n", "./myruntime.yaml",
+     ProfileError, r"myruntime\.yaml:4: quantities\.hits\.unit: unknown unit 'rowz'"),
+])
+def test_a_profile_file_that_is_wrong_names_its_file_line_and_field(
+        tmp_path: Path, profile: str | None, runtime: str, error: type[Exception], message: str) -> None:
+    inventory = own_runtime(tmp_path, profile or "", runtime)
+    with pytest.raises(error, match=message):
+        load_inventory(inventory)
+
+
+def test_an_unknown_runtime_offers_the_close_shipped_name_and_the_file_form(tmp_path: Path) -> None:
+    inventory = own_runtime(tmp_path, "", "flair")
+    with pytest.raises(InventoryError, match=r"server\.runtime: unknown runtime 'flair' \(did you mean 'flare'\?\); "
+                                             r"expected a shipped profile .* \(`runtime: \./flair\.yaml`; "
+                                             r"docs/runtimes\.md, \"Writing a profile\"\)$"):
+        load_inventory(inventory)
+
+
+@pytest.mark.slow
+def test_a_lab_with_a_runtime_of_its_own_qualifies_without_touching_the_package(tmp_path: Path) -> None:
+    """`pytest qualify --hosts <copy of hosts.yaml>` whose `server.runtime` is a profile file beside it (the
+    flare profile under a name of the lab's): the simulated lab's hosts decide, and the plan records it."""
+    profile = edited(edited(FLARE_PROFILE, "runtime: flare\n", "runtime: myruntime\n"),
+                     "request: {max_tokens: 1, logprobs: 20}\n", "request: {max_tokens: 1}\n")
+    write_file(tmp_path, profile, "myruntime.yaml")
+    inventory = write_inventory(tmp_path, server={"runtime": "./myruntime.yaml"})
+    scenario = small_scenario_option(tmp_path, "own-runtime")
+    run = run_qualify(inventory, tmp_path / "reports", *scenario)
+    outcome = runfolder.read_outcome(run.run_dir())
+    assert outcome is not None and outcome.overall in ("pass", "fail") and not outcome.errors, run.output
+    assert runfolder.read_plan(run.run_dir()).runtime == "myruntime"
+    assert "test_row_cache[" in run.output, run.output

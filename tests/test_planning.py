@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 
 from cache_qualify.cli import main
+from cache_qualify.samples.records import BuildRecord, Plan
 from cache_qualify.sizing.planning import per_gain_power, planned_trials, sequential_design
 from cache_qualify.stats.power import SD_CONFIDENCE, sd_upper
 from cache_qualify.stats.verdict import power_of
+from tests.support.history_sim import write_folder
 
 COLUMNS = ("run", "scenario", "build", "trial", "block", "request", "host", "rank", "metric", "value")
 
@@ -225,3 +227,45 @@ def test_plan_sizes_a_tournament_from_the_emulator(capsys: pytest.CaptureFixture
 def test_plan_emulate_needs_two_policies(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--emulate", "--baseline", "set4", "--candidate", "set4"]) == 2
     assert "`--emulate` needs two different policies" in capsys.readouterr().err
+
+
+def _run_folder_candidate_first(reports: Path) -> Path:
+    """A run folder (written by the suite's own writers) whose plan.json names set4 the baseline, while
+    its first trial in trials.csv is two_choice's, as a random block order often has it."""
+    plan = Plan(run_id="r1", seed=0, lab="simulated-gb10", baseline="set4", candidates=("two_choice",),
+                scenarios=("reread-1g",), created="2026-01-01T00:00:00+00:00",
+                builds={"set4": BuildRecord("set4", "baseline"), "two_choice": BuildRecord("two_choice", "candidate")})
+    rng = np.random.default_rng(3)
+    starts = {b: [{"B-new-start": {"hit_rate": v}} for v in rng.normal(mean, 0.002, 4)]
+              for b, mean in (("two_choice", 0.99), ("set4", 0.88))}
+    return write_folder(reports, plan, starts)
+
+
+def test_plan_of_a_run_folder_sizes_the_plans_baseline_and_candidate_and_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The block order is random, so the first build of trials.csv is no baseline: the run's plan.json
+    names it (before, two_choice was taken as the baseline here and the gain sized as a loss)."""
+    folder = _run_folder_candidate_first(tmp_path)
+    assert next(csv.DictReader((folder / "trials.csv").open()))["build"] == "two_choice"
+    assert main(["plan", "--samples", str(folder), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "sized: baseline set4 (the run's plan.json), candidate two_choice (the run's plan.json)" in captured.err
+    row = next(r for r in json.loads(captured.out) if (r["metric"], r["request"]) == ("hit_rate", "B-new-start"))
+    assert row["baseline_mean"] == pytest.approx(0.88, abs=0.01) and row["trials_per_build"] is not None
+
+
+def test_plan_flags_override_the_run_folders_arms(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = _run_folder_candidate_first(tmp_path)
+    assert main(["plan", "--samples", str(folder), "--baseline", "two_choice", "--candidate", "set4", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "sized: baseline two_choice (--baseline), candidate set4 (--candidate)" in captured.err
+    row = next(r for r in json.loads(captured.out) if (r["metric"], r["request"]) == ("hit_rate", "B-new-start"))
+    assert row["baseline_mean"] == pytest.approx(0.99, abs=0.01)
+
+
+def test_plan_of_a_bare_samples_file_says_its_baseline_is_the_first_build(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _write_pilot(tmp_path / "samples.csv", builds={"set4": 0.86, "two_choice": 0.99}, sd=0.002, trials=4)
+    assert main(["plan", "--runtime", "flare", "--samples", str(tmp_path / "samples.csv")]) == 0
+    assert ("sized: baseline set4 (the first build of the samples: give --baseline to choose), candidate "
+            "two_choice (the other build of the samples)") in capsys.readouterr().err

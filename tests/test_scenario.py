@@ -45,7 +45,12 @@ def edit(old: str, new: str) -> str:
 def test_base_scenario_defaults(tmp_path: Path) -> None:
     scenario = load_scenario(write(tmp_path, BASE))
     assert (scenario.concurrency, scenario.test, scenario.alpha, scenario.block_size) == (1, "welch", 0.01, 1)
-    assert (scenario.request.max_tokens, scenario.request.logprobs, scenario.request.stream) == (1, 20, False)
+    assert (scenario.request.max_tokens, scenario.request.logprobs, scenario.request.stream) == (1, None, False)
+    # left out, `logprobs` is the runtime profile's: the RowCache study's 20 on flare, none on llama-server
+    assert scenario.request.over(resolve("flare").request).logprobs == 20
+    assert scenario.request.over(resolve("llama-cpp").request).logprobs is None
+    given = load_scenario(write(tmp_path, BASE + "request: {logprobs: null, max_tokens: 2}\n"))
+    assert (given.request.over(resolve("flare").request).logprobs, given.request.max_tokens) == (None, 2)
     assert scenario.corpus.id_range == (3, 127_999)
     assert scenario.first_reads() == ["A", "B"]
     assert scenario.expectations[2].request == "*"
@@ -65,7 +70,8 @@ MALFORMED: list[tuple[str, str, str, str, int | None]] = [
     ("gain-on-all-requests", "request: A2, kind: gain", 'request: "*", kind: gain',
      r"expectations\[0\]\.kind: the hit rate of a first read \(A, B\)", 12),
     ("unknown-request", "request: A2,", "request: A3,",
-     r"expectations\[0\]\.request: unknown request 'A3'; expected \"\*\" or one of: A, A2, B", 12),
+     r"expectations\[0\]\.request: unknown request 'A3' \(did you mean 'A'\?\); expected \"\*\" or "
+     r"one of: A, A2, B", 12),
     ("gain-without-min-effect", "kind: gain, min_effect: 0.02", "kind: gain",
      r"expectations\[0\]\.min_effect: a gain needs `min_effect`", 12),
     ("gain-with-margin", "kind: gain, min_effect: 0.02", "kind: gain, min_effect: 0.02, margin: 0.1",
@@ -117,7 +123,8 @@ MALFORMED: list[tuple[str, str, str, str, int | None]] = [
      r"expectations: expected at least 1 item, found none", 11),
     ("unknown-key", "trials: 4\n", "trials: 4\ntrails: 5\n",
      r"trails: unknown key \(did you mean 'trials'\?\)", 11),
-    ("name-not-file-name", "name: mini", "name: other", r":1: name: expected the file's name 'mini', found 'other'", 1),
+    ("name-not-file-name", "name: mini", "name: other", r":1: name: expected the file's name 'mini', found 'other' \(a copied scenario is renamed inside "
+     r"too: `name: mini`\)", 1),
     ("yaml-syntax", "trials: 4\n", "trials: 4\n\tconcurrency: 2\n",
      r"mini\.yaml:11: YAML syntax error: .*found character '\\t' that cannot start any token", 11),
 ]
@@ -153,9 +160,11 @@ def test_tensor_parallel_must_match_the_group(tmp_path: Path) -> None:
 
 def test_find_scenario() -> None:
     assert find_scenario("reread-1g") == REPO / "fixtures" / "cache_qualify" / "config" / "scenarios" / "reread-1g.yaml"
-    with pytest.raises(ScenarioError, match=r"--scenario: unknown scenario 'reread-2g'; available: "
-                       r"long-prompt, reread-1g, reread-4g"):
-        find_scenario("reread-2g")
+    with pytest.raises(ScenarioError, match=r"--scenario: unknown scenario 'reread-1gg' \(did you mean "
+                       r"'reread-1g'\?\); available: long-prompt, reread-1g, reread-4g$"):
+        find_scenario("reread-1gg")
+    with pytest.raises(ScenarioError, match=r"--scenario: unknown scenario 'soak'; available: long-prompt, "):
+        find_scenario("soak")
 
 
 def test_find_scenario_accepts_a_path(tmp_path: Path) -> None:
@@ -245,7 +254,7 @@ RUNTIME_PROBLEMS = [
 def test_a_scenario_is_checked_against_the_runtime_before_any_lab_time(tmp_path: Path, old: str, new: str,
                                                                        message: str) -> None:
     scenario = load_scenario(write(tmp_path, edit(old, new)))   # the file alone is valid
-    with pytest.raises(ScenarioError, match=r"mini\.yaml(:\d+)?: " + message):   # a min_effect's with its line
+    with pytest.raises(ScenarioError, match=r"mini\.yaml:\d+: " + message):
         check_against(scenario, resolve("flare"))
     check_against(load_scenario(write(tmp_path, BASE)), resolve("flare"))
 
@@ -280,3 +289,11 @@ def test_forbidding_prefix_reuse_needs_a_runtime_that_reports_cached_tokens(tmp_
     model = resolve("flare").for_prefix_reuse("measure")
     assert model.quantities["cached_tokens"].spec.response == "usage.prompt_tokens_details.cached_tokens"
     assert "cached_tokens" not in resolve("flare").for_prefix_reuse("forbid").quantities
+
+
+def test_a_unit_checked_against_the_runtime_names_the_file_and_line(tmp_path: Path) -> None:
+    """A min_effect in a unit of another kind than its quantity's is found only against the runtime's
+    profile, after loading: the error names the line all the same (before: file and field only)."""
+    scenario = load_scenario(write(tmp_path, edit("min_effect: 0.02}", "min_effect: 0.2 s}")))
+    with pytest.raises(ScenarioError, match=r"mini\.yaml:12: expectations\[0\]\.min_effect: "):
+        check_against(scenario, resolve("flare"))

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from cache_qualify.gate import junit_figures
 from cache_qualify.history import schema
 from cache_qualify.history.rows import verdict_row
-from cache_qualify.samples.records import VerdictRecord, figures
+from cache_qualify.samples.records import ClaimRecord, VerdictRecord, figures
 from cache_qualify.stats.assertion import Assertion
 from cache_qualify.stats.verdict import evaluate
 from cache_qualify.units import unit
@@ -74,3 +74,14 @@ def test_the_history_keeps_every_figure_it_lists(tmp_path: Path) -> None:
     for column, name in kept.items():
         value = getattr(record, name)
         assert row[column] == (list(value) if isinstance(value, tuple) else value), column
+
+
+def test_a_recorded_error_says_which_process_met_it_in_words_for_a_person() -> None:
+    claim = ClaimRecord(session="s1", pid=13722, group="default", error="host gb10-1: the lock is held",
+                        error_kind="LockHeld")
+    error = claim.as_error("reread-1g")
+    assert error is not None and str(error) == (
+        "LockHeld: host gb10-1: the lock is held (met by the run's process 13722, which measured scenario "
+        "reread-1g on host group default for every process of this run; this one read it from the run "
+        "folder's claims/reread-1g.json)")
+    assert ClaimRecord(session="s1", pid=1).as_error("reread-1g") is None
