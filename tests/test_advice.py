@@ -51,6 +51,11 @@ def test_a_fraction_or_a_relative_assertion_is_not_told_to_go_relative() -> None
     ratio = replace(hit, id="wait-gain[B]", metric="readiness_wait_ns", unit="ns", relative=True, min_effect=0.1,
                     noise_sd=0.8)
     assert "min_effect: 10 %" not in rerun_advice([ratio]) and "sd of the log ratio 0.8" in rerun_advice([ratio])
+    pages = replace(hit, id="kv_pages-no_regression[startup]", metric="kv_pages", unit="pages", kind="no_regression",
+                    margin=0.02, baseline_mean=41_300.0, noise_sd=900.0)
+    advice = rerun_advice([pages])
+    assert "a margin of 2% (826 pages)" in advice and "sd 900 pages" in advice, advice
+    assert "`relative: true`" in advice and "a larger margin" in advice, advice
 
 
 def test_an_ordinary_undecided_run_gets_one_fixed_rerun_at_the_largest_trials_needed() -> None:
