@@ -200,12 +200,18 @@ def test_all_shipped_scenarios_load_and_fit_the_default_corpus() -> None:
     from cache_qualify.trials.corpus import default_corpus
 
     tokens = len(default_corpus())
-    assert available_scenarios() == ["long-prompt", "reread-1g", "reread-4g"]
+    from cache_qualify.trials.trace import scenario_trace
+
+    assert available_scenarios() == ["long-prompt", "reread-1g", "reread-4g", "trace-replay"]
     for name in available_scenarios():
         scenario = load_scenario(find_scenario(name))
         assert scenario.name == name
         assert scenario.corpus.default
-        assert max(r.stop for r in scenario.requests) <= tokens, name
+        if scenario.trace is not None:   # its prompts are cut from the corpus and stay in its id range
+            low, high = scenario.corpus.id_range
+            assert all(low <= t <= high for r in scenario_trace(scenario).requests for t in r.prompt), name
+        else:
+            assert max(r.stop for r in scenario.requests) <= tokens, name
 
 
 RUNTIME_PROBLEMS = [
