@@ -16,7 +16,7 @@ import pytest
 from cache_qualify.config.measurement import REPLAY, REPLAY_AGGREGATES, Measurement
 from cache_qualify.config.profiles import resolve
 from cache_qualify.config.scenario import Scenario, check_against, find_scenario, load_scenario, scenario_model
-from cache_qualify.errors import ScenarioError
+from cache_qualify.errors import MeasureError, PrefixReuse, ScenarioError
 from cache_qualify.lab.server import MetricsEndpoint
 from cache_qualify.samples.store import ALL, STARTUP, WINDOW
 from cache_qualify.stats.scenario_assertions import assertions_for
@@ -94,6 +94,27 @@ def test_the_counters_of_a_warm_half_leave_out_the_requests_before_it(
     inside = window.group["hits"] + window.group["misses"]
     assert 0 < inside < hits + misses
     assert window.figures["requests"] == 6 and window.figures["errors"] == 0
+
+
+def test_a_forbidding_scenario_s_replay_is_void_once_a_response_of_its_window_reports_cached_tokens(
+        tmp_path: Path, scenario: Scenario, trace: Trace, model: Measurement) -> None:
+    how = TraceReplay.of(scenario, model)
+    assert how.forbid_cached and how.arrival == Arrival(clients=1) and how.shape.stream
+    with sim_rank(tmp_path, ("--sim-policy", "set4", "--embedding-table-cache-size", "64M",
+                             "--prefix-cache-memory", "1G")) as cached, \
+            MetricScraper([MetricsEndpoint("sim", 0, cached.url + "/metrics")], model) as scraper:
+        with pytest.raises(PrefixReuse, match=r"^host sim: \d+ of the window's 12 responses reported cached prompt "
+                           r"tokens \(trace record \d+ first\)$"):
+            run_trace_replay(cached.url, trace, how, scraper, model)
+
+
+def test_a_replay_cut_short_by_its_deadline_fails_the_trial_in_one_line(
+        rank: SimRank, trace: Trace, model: Measurement) -> None:
+    hurried = dataclasses.replace(HOW, deadline_s=0.001)  # less than one request takes
+    with MetricScraper([MetricsEndpoint("sim", 0, rank.url + "/metrics")], model) as scraper:
+        with pytest.raises(MeasureError, match=r"^host client: the replay stopped at its 0\.001 s deadline after "
+                           r"\d+ of 12 requests$"):
+            run_trace_replay(rank.url, trace, hurried, scraper, model)
 
 
 def test_a_trace_scenario_s_model_has_the_replay_s_figures_per_start_beside_the_runtime_s(
