@@ -154,7 +154,7 @@ def test_tensor_parallel_must_match_the_group(tmp_path: Path) -> None:
 def test_find_scenario() -> None:
     assert find_scenario("reread-1g") == REPO / "fixtures" / "cache_qualify" / "config" / "scenarios" / "reread-1g.yaml"
     with pytest.raises(ScenarioError, match=r"--scenario: unknown scenario 'reread-2g'; available: "
-                       r"long-prompt, reread-1g, reread-4g"):
+                       r"long-prompt, reread-1g, reread-4g, trace-replay$"):
         find_scenario("reread-2g")
 
 
