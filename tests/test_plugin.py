@@ -70,7 +70,7 @@ def test_unknown_scenario_lists_the_scenarios(tmp_path: Path) -> None:
     proc = pytest_cli("qualify", "--hosts", "hosts.yaml", "--scenario", "reread-2g", "--reports-dir", str(tmp_path))
     assert proc.returncode == 4
     assert ("unknown scenario 'reread-2g' (did you mean 'reread-4g'?); available: long-prompt, reread-1g, "
-            "reread-4g") in proc.stderr
+            "reread-4g, trace-replay") in proc.stderr
 
 
 @pytest.mark.slow

@@ -161,7 +161,7 @@ def test_tensor_parallel_must_match_the_group(tmp_path: Path) -> None:
 def test_find_scenario() -> None:
     assert find_scenario("reread-1g") == REPO / "fixtures" / "cache_qualify" / "config" / "scenarios" / "reread-1g.yaml"
     with pytest.raises(ScenarioError, match=r"--scenario: unknown scenario 'reread-1gg' \(did you mean "
-                       r"'reread-1g'\?\); available: long-prompt, reread-1g, reread-4g$"):
+                       r"'reread-1g'\?\); available: long-prompt, reread-1g, reread-4g, trace-replay$"):
         find_scenario("reread-1gg")
     with pytest.raises(ScenarioError, match=r"--scenario: unknown scenario 'soak'; available: long-prompt, "):
         find_scenario("soak")
@@ -209,12 +209,18 @@ def test_all_shipped_scenarios_load_and_fit_the_default_corpus() -> None:
     from cache_qualify.trials.corpus import default_corpus
 
     tokens = len(default_corpus())
-    assert available_scenarios() == ["long-prompt", "reread-1g", "reread-4g"]
+    from cache_qualify.trials.trace import scenario_trace
+
+    assert available_scenarios() == ["long-prompt", "reread-1g", "reread-4g", "trace-replay"]
     for name in available_scenarios():
         scenario = load_scenario(find_scenario(name))
         assert scenario.name == name
         assert scenario.corpus.default
-        assert max(r.stop for r in scenario.requests) <= tokens, name
+        if scenario.trace is not None:   # its prompts are cut from the corpus and stay in its id range
+            low, high = scenario.corpus.id_range
+            assert all(low <= t <= high for r in scenario_trace(scenario).requests for t in r.prompt), name
+        else:
+            assert max(r.stop for r in scenario.requests) <= tokens, name
 
 
 RUNTIME_PROBLEMS = [

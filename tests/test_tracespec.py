@@ -103,9 +103,9 @@ def test_an_override_keeps_the_trace_and_its_lines(tmp_path: Path) -> None:
     assert str(scenario.error(("trace", "records"), "x")).endswith("replay.yaml:5: trace.records: x")
 
 
-def test_the_trial_runner_refuses_a_trace_scenario_in_one_line(tmp_path: Path) -> None:
-    with pytest.raises(ScenarioError, match=r"replay\.yaml: trace: a trace scenario is checked and its prompts "
-                       r"synthesized, but the trial runner does not replay traces yet: run a scenario of named requests$"):
+def test_a_caller_of_named_requests_refuses_a_trace_scenario_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match=r"replay\.yaml: trace: a trace scenario has no named requests: its "
+                       r"trials replay the trace; run it with pytest qualify, or give a scenario of named requests$"):
         scenario_requests(load_scenario(scenario_file(tmp_path)))
 
 
