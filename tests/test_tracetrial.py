@@ -136,7 +136,7 @@ def test_a_trace_scenario_s_expectations_are_on_its_window_and_its_start(scenari
 def test_a_named_scenario_has_no_replay_quantity() -> None:
     named = load_scenario(find_scenario("reread-1g"))
     assert scenario_model(named, resolve("flare")) == resolve("flare")
-    with pytest.raises(ScenarioError, match=r"reread-1g\.yaml: expectations\[0\]\.metric: runtime flare does not "
+    with pytest.raises(ScenarioError, match=r"reread-1g\.yaml:\d+: expectations\[0\]\.metric: runtime flare does not "
                        r"export 'ttft_p50_s'"):
         check_against(named.model_copy(update={"expectations": (
             named.expectations[0].model_copy(update={"metric": "ttft_p50_s", "request": "A"}),)}), resolve("flare"))
