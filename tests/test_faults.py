@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.support.labfaults import (STARTUP, SimRun, check_aftermath, check_samples, check_stopped_by_preflight,
-                                     failed, failures, requests_on_disk, rows, scenario_file, skipped)
+                                     failed, failures, last_failed, requests_on_disk, rows, scenario_file, skipped)
 from tests.support.labfixtures import REPO, QualifyRun, start_qualify, write_inventory
 from tests.support.waiting import wait_for
 
@@ -131,11 +131,15 @@ def test_sudo_asks_for_a_password(tmp_path: Path) -> None:
     check_aftermath(lab)
 
 
-def test_the_preflight_runs_under_k_as_without_it(tmp_path: Path) -> None:
-    """-k choosing one assertion deselected every preflight test: the run went on to the lab and left a
-    run folder; now the preflight stops it as it does without -k."""
+@pytest.mark.parametrize("selection", ["-k", "--lf"])
+def test_the_preflight_runs_under_k_and_lf_as_without_them(tmp_path: Path, selection: str) -> None:
+    """-k choosing one assertion deselected every preflight test, and --lf with one recorded failure did
+    not even collect them (its selection runs after the plugin's): the run went on to the lab and left a
+    run folder; now the preflight stops it as it does without them."""
     lab = local_lab(tmp_path, server={"drop_caches": "echo 'sudo: a password is required' >&2; exit 1"})
-    run = lab.qualify_junit_outside("--seed", "3", "-k", "kv_pages")
+    chosen = (("-k", "kv_pages") if selection == "-k"
+              else last_failed(tmp_path, "qualify/test_startup.py::test_kv_pages[kv_pages-no_regression[startup]]"))
+    run = lab.qualify_junit_outside("--seed", "3", *chosen)
     assert run.returncode == 1, run.output[-4000:]
     assert sorted(failures(run)) == [f"test_drop_caches[{host}]" for host in lab.hosts], run.output[-4000:]
     blocked = [why for name, why in skipped(run).items() if "kv_pages" in name]

@@ -9,6 +9,7 @@ and the samples of every request finished before the fault on disk.
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,15 @@ class SimRun:
         """A run whose JUnit XML is written beside the reports folder (`--junitxml`), so a run that leaves
         no run folder can still be read back."""
         return self.qualify("--junitxml", str(self.reports.parent / "junit.xml"), *extra)
+
+
+def last_failed(tmp_path: Path, *node_ids: str) -> tuple[str, ...]:
+    """The arguments of pytest's `--lf` with a cache of its own that records `node_ids` as the last run's
+    failures (the runs the suite starts block pytest's cache plugin; these load it again)."""
+    cache = tmp_path / "pytest-cache"
+    (cache / "v" / "cache").mkdir(parents=True)
+    (cache / "v" / "cache" / "lastfailed").write_text(json.dumps(dict.fromkeys(node_ids, True)))
+    return ("-p", "cacheprovider", "-o", f"cache_dir={cache}", "--lf")
 
 
 def failures(run: QualifyRun) -> dict[str, str]:
