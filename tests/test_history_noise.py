@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -84,6 +85,20 @@ def test_the_verdict_names_the_history_and_decides_after_two_blocks() -> None:
     figures = with_history.as_dict()
     assert figures["history_runs"] == list(known.runs) and figures["history_used"] is True
     assert math.isnan(alone.history_sd) and not alone.history_used
+
+
+def test_the_reason_gives_the_historys_sd_in_the_unit_of_the_rest() -> None:
+    """The reason gave the history's SD in raw ns (`sd 1.437e+08 of a block difference`) beside figures in s."""
+    known = prior([EarlierRun(r.run_id, tuple(1e8 * v for v in r.values))
+                   for r in _runs(np.random.default_rng(6), [1.0] * 6)])
+    assert known is not None
+    a = Assertion("readiness_wait_ns", "R", "gain", False, min_effect=0.0, unit="ns")
+    base, cand = Trials((2.22e9, 2.13e9), (0, 2), (0, 1)), Trials((1.01e9, 0.95e9), (1, 3), (0, 1))
+    verdict = evaluate([a], {a.id: (base, cand)}, alpha=0.01, looks=tuple(range(2, 13)), priors={a.id: known})[0]
+    assert verdict.history_used, verdict.reason
+    sds = re.findall(r"\bsd ([^ ,]+(?: [a-z]+)?)", verdict.reason)
+    assert len(sds) == 3 and all(sd.endswith(" s") for sd in sds), verdict.reason   # history's, run's, pooled
+    assert f"sd {known.sd / 1e9:.2g}" in verdict.reason, verdict.reason
 
 
 RUNS = 240    # per cell: the 99 % binomial bound of alpha 0.01 is 7 passes
