@@ -267,4 +267,4 @@ def test_a_qualification_decides_a_relative_gain_of_a_readiness_wait(tmp_path: P
     assert "| `readiness_wait-gain[B-new-start]` | PASS |" in summary and "| -10.00 % |" in summary, summary
     props = {p.get("name"): p.get("value") for p in
              run.testcases()["test_row_cache[readiness_wait-gain[B-new-start]]"].iter("property")}
-    assert props["relative"] == "True" and props["difference_unit"] == "%"
+    assert props["relative"] == "true" and props["difference_unit"] == "%"

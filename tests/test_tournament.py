@@ -50,7 +50,7 @@ def test_gate_passes_three_candidates_and_fails_lru4_on_the_third_read(four: Qua
             test = "test_kv_pages" if aid.startswith("kv_pages") else "test_row_cache"
             assert _failure(four, f"{test}[{candidate}:{aid}]") is None, candidate + aid
     third = _failure(four, "test_row_cache[lru4:hit_rate-gain[A-third-read]]")
-    assert third is not None and "hit_rate-gain[A-third-read] (lru4 vs set4): candidate - baseline" in third
+    assert third is not None and "hit_rate-gain[A-third-read] (lru4 vs set4). A regression is shown" in third
     props = _properties(four, "test_row_cache[lru4:hit_rate-gain[A-third-read]]")
     assert (props["candidate"], props["candidate_build"], props["baseline_build"], props["mode"]) == \
         ("lru4", "lru4", "set4", "gate")
