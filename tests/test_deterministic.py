@@ -68,3 +68,19 @@ def test_with_the_history_s_noise_two_blocks_decide() -> None:
     prior = Prior(variance=4.0, df=10, runs=("r1", "r2"), starts=24)
     assert _constant(41, 2, prior=prior).outcome == "pass"
     assert _constant(41, 2).outcome == "inconclusive"
+
+
+def test_values_equal_as_typed_are_one_value() -> None:
+    """0.1 + 0.2 and 0.3 differ by one ulp in floating point: a build giving one and a build giving the
+    other gave the same value every start, decided as identical values (a gain fails, a no_regression
+    passes, each from 3 blocks), not read as a difference of 5.6e-17 without noise."""
+    ids = tuple(range(3))
+    pair = (Trials((0.3,) * 3, blocks=ids), Trials((0.1 + 0.2,) * 3, blocks=ids))
+    gain, keep = (Assertion("hit_rate", "startup", kind, True, margin=0.02 if kind == "no_regression" else 0.0)
+                  for kind in ("gain", "no_regression"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", VerdictWarning)
+        verdicts = evaluate([gain, keep], {gain.id: pair, keep.id: pair}, alpha=0.05, looks=(3,), look=1)
+    assert [v.outcome for v in verdicts] == ["fail", "pass"], [v.reason for v in verdicts]
+    for v in verdicts:
+        assert v.difference == 0.0 and "exactly 0, without noise, over 3 blocks" in v.reason, v.reason

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 
+from cache_qualify.replaybench import ShortRequest
+
 from tests.support.waiting import wait_for
 
 HOST = "127.0.0.1"
@@ -57,19 +59,9 @@ def sim_rank(folder: Path, flags: Sequence[str] = (), *, ready_timeout_s: float 
             proc.wait(10)
 
 
-@dataclass(frozen=True)
-class Req:
-    """A replayed request as the trace reader makes them (the attributes `trials.replay` reads)."""
-
-    index: int
-    at_s: float
-    prompt: tuple[int, ...]
-    max_tokens: int
-
-
 def short_requests(count: int, *, spacing_s: float = 0.005, prompt_tokens: int = 32, max_tokens: int = 4,
-                   shared: int = 0) -> list[Req]:
+                   shared: int = 0) -> list[ShortRequest]:
     """`count` requests `spacing_s` apart, each prompt its own tokens after `shared` common ones."""
     common = tuple(range(1000, 1000 + shared))
-    return [Req(i, i * spacing_s, common + tuple(range(5000 + 97 * i, 5000 + 97 * i + prompt_tokens - shared)),
+    return [ShortRequest(i, i * spacing_s, common + tuple(range(5000 + 97 * i, 5000 + 97 * i + prompt_tokens - shared)),
                 max_tokens) for i in range(count)]
