@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -151,3 +152,19 @@ def test_assertions_are_named_without_the_recorded_unit_and_old_names_still_sele
     assert [line for line in lines if "::" in line and "test_preflight.py" not in line] == [   # the preflight
         "qualify/test_cache.py::test_row_cache[readiness_wait-gain[B-new-start]]",           # runs under -k too
         "qualify/test_cache.py::test_row_cache[readiness_wait-gain[A-third-read]]"], lines
+
+
+def test_the_preflight_put_back_under_k_is_not_counted_as_deselected(tmp_path: Path) -> None:
+    """-k choosing one assertion: pytest's count said `1/29 tests collected (28 deselected)` while it
+    listed the 16 preflight checks the plugin puts back beside the one test chosen."""
+    from tests.support.labfixtures import write_inventory
+
+    inventory = write_inventory(tmp_path)
+    status, lines = pytest_run("qualify", "--hosts", str(inventory), "--reports-dir", str(tmp_path / "reports"),
+                               "--collect-only", "-q", "-k", "kv_pages", cwd=REPO)
+    assert status == 0, lines
+    listed = [line for line in lines if "::" in line]
+    assert sum("test_preflight.py" in line for line in listed) == len(listed) - 1 > 1, listed
+    [count] = [line for line in lines if "tests collected" in line]
+    collected, total, deselected = map(int, re.findall(r"\d+", count.split(" in ")[0]))
+    assert (collected, deselected) == (len(listed), total - len(listed)), count
