@@ -103,6 +103,39 @@ V3_FIGURES = ("run_id", "scenario", "assertion", "metric", "request", "kind", "o
               "trials_candidate", "trials_needed", "reason")
 
 
+# the verdicts table's columns at each schema version, pinned here: a field of the verdict record that the
+# history keeps (`Figure.history`) changes today's table, so it fails the pin until SCHEMA_VERSION rises, an
+# upgrade adds its column and the new version's columns are pinned below
+V4_FIGURES = ("run_id", "scenario", "assertion", "arm", "metric", "request", "kind", "higher_is_better",
+              "min_effect", "margin", "unit", "outcome", "method", "design", "alpha", "level", "trials_baseline",
+              "trials_candidate", "baseline_mean", "candidate_mean", "difference", "normal_difference",
+              "null_boundary", "ci_low", "ci_high", "ci_level", "p_value", "p_adjusted", "noise_sd", "history_sd",
+              "history_df", "history_runs", "history_used", "trials_needed", "reason")
+VERDICT_COLUMNS = {1: V3_FIGURES, 2: V3_FIGURES, 3: V3_FIGURES, 4: V4_FIGURES, 5: V4_FIGURES}
+
+
+def test_the_verdict_columns_of_each_schema_version_are_pinned() -> None:
+    """Today's verdicts table is the pinned columns of today's version, every version has its pin and an
+    upgrade to it from the one before."""
+    assert schema.verdicts.c.keys() == list(VERDICT_COLUMNS[schema.SCHEMA_VERSION])
+    assert sorted(VERDICT_COLUMNS) == list(range(1, schema.SCHEMA_VERSION + 1))
+    assert sorted(schema.UPGRADES) == list(range(1, schema.SCHEMA_VERSION))
+
+
+def _older_verdicts(conn: sa.Connection, version: int) -> None:
+    """The verdicts table with the columns `version` pinned (types as today's), its rows kept: a version
+    that added a recorded field after version 4 is upgraded from the table before it."""
+    if list(VERDICT_COLUMNS[version]) == schema.verdicts.c.keys():
+        return
+    rows = [dict(row) for row in conn.execute(sa.select(schema.verdicts)).mappings()]
+    old = sa.Table("verdicts", sa.MetaData(), *(sa.Column(c.name, c.type, nullable=c.nullable)
+                                                for c in schema.verdicts.columns if c.name in VERDICT_COLUMNS[version]))
+    schema.verdicts.drop(conn)
+    old.create(conn)
+    if rows:
+        conn.execute(old.insert(), [{k: row[k] for k in VERDICT_COLUMNS[version]} for row in rows])
+
+
 def _as_version(conn: sa.Connection, version: int) -> None:
     """The database as an older suite left it at `version`: what the later versions added dropped, what
     they dropped back (a trial's startup time and KV pages as columns, the values a start measured)."""
@@ -110,6 +143,8 @@ def _as_version(conn: sa.Connection, version: int) -> None:
         conn.execute(sa.text("ALTER TABLE trials ADD COLUMN startup_s FLOAT"))
         conn.execute(sa.text("ALTER TABLE trials ADD COLUMN kv_pages INTEGER"))
         conn.execute(sa.text("UPDATE trials SET startup_s = 12.5, kv_pages = 41300"))
+    if version >= 4:
+        _older_verdicts(conn, version)
     if version < 4:
         rows = [dict(row) for row in conn.execute(sa.select(schema.verdicts)).mappings()]
         conn.execute(sa.text("DROP TABLE verdicts"))
@@ -125,7 +160,7 @@ def _as_version(conn: sa.Connection, version: int) -> None:
     conn.execute(schema.schema_version.update().values(version=version))
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4])
+@pytest.mark.parametrize("version", range(1, schema.SCHEMA_VERSION))
 def test_schema_upgrades_in_place(tmp_path: Path, history_url: str, version: int) -> None:
     folder = history_sim.write_series(tmp_path / "reports", history_sim.quiet_series(np.random.default_rng(4), 1))[0]
     write_verdicts(folder, history_sim.SCENARIO, [VerdictRecord.of("set4", {
@@ -146,7 +181,7 @@ def test_schema_upgrades_in_place(tmp_path: Path, history_url: str, version: int
         # with their arm (the run's only candidate), the figures an older suite did not keep NULL
         assert upgraded["trials"] == before["trials"]
         assert [c["name"] for c in sa.inspect(engine).get_columns("trials")] == schema.trials.c.keys()
-        kept = [schema.verdicts.c.keys().index(k) for k in V3_FIGURES] + [schema.verdicts.c.keys().index("arm")]
+        kept = [schema.verdicts.c.keys().index(k) for k in dict.fromkeys((*VERDICT_COLUMNS[version], "arm"))]
         assert [[row[k] for k in kept] for row in upgraded["verdicts"]] == \
             [[row[k] for k in kept] for row in before["verdicts"]] and before["verdicts"]
         assert {row[schema.verdicts.c.keys().index("arm")] for row in upgraded["verdicts"]} == {"set4"}

@@ -80,6 +80,28 @@ def test_the_slow_marker_is_registered_and_strict() -> None:
 PYTEST_OBJECTS = {"collector", "item", "items", "metafunc", "config", "session", "node", "request", "pytestconfig"}
 
 
+# the private attributes of pytest's objects read or written by name, each with why: pytest-xdist deals a
+# group's tests from the structured `Item._id` where pytest has one (9.2), an attribute with no public name
+PRIVATE_BY_NAME = ["fixtures/cache_qualify/session/xdist.py: getattr(item, '_id')",
+                   "fixtures/cache_qualify/session/xdist.py: setattr(item, '_id')"]
+
+
+def private_by_name(tree: ast.AST) -> list[str]:
+    """`getattr`, `setattr`, `hasattr` or `delattr` of a pytest object with a literal private name."""
+    return [f"{node.func.id}({node.args[0].id}, {node.args[1].value!r})" for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in {"getattr", "setattr", "hasattr", "delattr"} and len(node.args) >= 2
+            and isinstance(node.args[0], ast.Name) and node.args[0].id in PYTEST_OBJECTS
+            and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+            and node.args[1].value.startswith("_") and not node.args[1].value.startswith("__")]
+
+
+def test_the_rule_sees_a_private_attribute_named_by_a_literal() -> None:
+    tree = ast.parse("getattr(item, '_id', None)\nsetattr(config, '_inicache', {})\ngetattr(item, 'nodeid')\n"
+                     "getattr(other, '_id')")
+    assert private_by_name(tree) == ["getattr(item, '_id')", "setattr(config, '_inicache')"]
+
+
 def test_the_plugin_uses_pytest_s_public_api_only() -> None:
     """No private attribute of pytest's objects (`collector._genfunctions`, `config._inicache`): a pytest
     release may change them. The one import from `_pytest` is pytest's JUnit stash key, which has no
@@ -91,6 +113,9 @@ def test_the_plugin_uses_pytest_s_public_api_only() -> None:
                if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
                and isinstance(node.value, ast.Name) and node.value.id in PYTEST_OBJECTS]
     assert private == []
+    by_name = sorted(f"{path.relative_to(REPO)}: {access}" for path in package.rglob("*.py")
+                     for access in private_by_name(ast.parse(path.read_text(encoding="utf-8"))))
+    assert by_name == PRIVATE_BY_NAME
     imported = sorted(f"{path.relative_to(REPO)}: {alias.name}" for path in package.rglob("*.py")
                       for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
                       if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("_pytest")

@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from cache_qualify.stats.manytoone import Mode, Tournament, tournament_starts
+from cache_qualify.sizing.lab_time import tournament_starts
+from cache_qualify.stats.manytoone import Mode, Tournament
 from cache_qualify.validation.simulate import NOISE, SHAPES, Item, draw
 from cache_qualify.validation.promises import binomial_bound
 from cache_qualify.stats.verdict import Assertion, Trials, VerdictWarning
