@@ -11,7 +11,7 @@ from tests.support.labfixtures import run_qualify, write_inventory
 from tests.support.runprobe import probed
 
 # test -> Qualifier.result -> LabSession.claimed -> LookLoop.run -> LookLoop._slot -> TrialRunner.run -> ...
-# -> a transport's _execute: 9 frames (13 before the Qualifier was split)
+# -> a transport's _execute: 9 frames (11 on the same probe before the Qualifier was split)
 FRAMES = 9
 
 
