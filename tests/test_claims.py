@@ -21,7 +21,9 @@ import pytest
 
 from cache_qualify.config.inventory import load_inventory
 from cache_qualify.errors import PlanError, RecordedError
+from cache_qualify.config.overrides import given
 from cache_qualify.qualification import Qualifier, RunOptions
+from cache_qualify.session.setup import resolve_scenarios
 from cache_qualify.config.profiles import resolve
 from cache_qualify.report.consistency import counter_problems
 from cache_qualify.samples.store import SampleStore
@@ -74,16 +76,16 @@ def test_an_error_that_stopped_the_owner_is_read_back_not_met_again(tmp_path: Pa
     inventory = load_inventory(write_inventory(tmp_path, noise="quiet"))
     scenario = str(small_scenario(tmp_path, SCENARIO, "1G"))
     # an exact test on two trials per build cannot reach this alpha: refused before any lab time
-    options = RunOptions(run_id="run", run_dir=tmp_path / "run", seed=1, alpha=0.001, method="mannwhitney",
-                         session="one-session")
+    options = RunOptions(run_id="run", run_dir=tmp_path / "run", seed=1, session="one-session")
+    scenarios = resolve_scenarios([scenario], inventory, given({"alpha": 0.001, "test": "mannwhitney"}))
     with pytest.raises(PlanError, match=r"smallest possible p is") as owner:
-        Qualifier(inventory, options).result(scenario)
+        Qualifier(inventory, options, scenarios).result(scenario)
     with pytest.raises(RecordedError, match=r"^PlanError: .*smallest possible p is") as other:
-        Qualifier(inventory, options).result(scenario)
+        Qualifier(inventory, options, scenarios).result(scenario)
     assert other.value.kind == "PlanError" and str(owner.value) in str(other.value)
     assert f"process {os.getpid()}" in str(other.value)
     with pytest.raises(PlanError, match=r"smallest possible p is"):
-        Qualifier(inventory, replace(options, session="resumed")).result(scenario)
+        Qualifier(inventory, replace(options, session="resumed"), scenarios).result(scenario)
 
 
 def start(inventory: Path, run_dir: Path, scenario: Path, session: str) -> subprocess.Popen[str]:
@@ -135,7 +137,9 @@ def main() -> None:
     as a worker of that run would; print progress, then the result as one JSON line."""
     inventory, run_dir, scenario, session = sys.argv[1:5]
     options = RunOptions(run_id="run", run_dir=Path(run_dir), seed=1, session=session)
-    qualifier = Qualifier(load_inventory(inventory), options, progress=lambda text: print(text, flush=True))
+    lab = load_inventory(inventory)
+    qualifier = Qualifier(lab, options, resolve_scenarios([scenario], lab, {}),
+                          progress=lambda text: print(text, flush=True))
     result = qualifier.result(scenario)
     print(json.dumps({"trials": len(result.trials), "error": None if result.error is None else str(result.error)}))
 
