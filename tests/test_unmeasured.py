@@ -17,8 +17,13 @@ from cache_qualify.lab.transport import LocalTransport
 from cache_qualify.report.plots import Points, plot_requests
 from cache_qualify.report.render import render_run
 from cache_qualify.report.stopped import resume_command, why_undecided
+from cache_qualify.samples import runfolder
 from cache_qualify.samples.records import Plan, RunOutcome, ScenarioOutcome
-from tests.support.labfixtures import run_qualify, write_inventory
+from cache_qualify.samples.store import OK, SampleStore, TrialRow, new_attempt
+from cache_qualify.stats.outcome import run_outcome
+from tests.support.labfixtures import (interrupt, inventory_port, run_qualify, sim_processes, small_scenario_option,
+                                       start_qualify, wait_no_sim_processes, write_inventory)
+from tests.support.waiting import wait_for
 
 
 @pytest.mark.slow
@@ -98,3 +103,41 @@ def test_a_figure_of_no_points_draws_no_legend_and_no_warning(tmp_path: Path) ->
                              points=[Points("set4", {"A": {"hit_rate": []}}), Points("two_choice", {})],
                              panels=[("hit_rate", "hit rate (%)", 100.0)])
     assert path.is_file()
+
+
+def test_an_interrupted_runs_headline_says_its_trials_are_kept_only_when_it_has_some(tmp_path: Path) -> None:
+    """A cancel before the first trial has nothing to keep; once a trial is done, `--resume` keeps it."""
+    run_dir = tmp_path / "reports" / "r1"
+    runfolder.create(run_dir, Plan(run_id="r1", seed=1, baseline="set4", candidates=("two_choice",),
+                                   scenarios=("reread-1g",), command=("pytest", "qualify", "--run-id", "r1")))
+    store = SampleStore(run_dir)
+    store.create()   # as a run does before its first trial: headers only
+
+    def headline() -> str:   # the run's end as the plugin records and renders it
+        runfolder.write_outcome(run_dir, run_outcome(run_dir, interrupted=True))
+        return render_run(run_dir).read_text(encoding="utf-8").splitlines()[2]
+
+    assert headline() == "**Undecided**: the run was interrupted; rerun with `--resume r1`."
+    store.add_trial(TrialRow(run="r1", scenario="reread-1g", build="set4", trial=0, block=0, position=0,
+                             attempt=new_attempt(), outcome=OK, reason="",
+                             started_at="2026-01-01T00:00:00+00:00", finished_at="2026-01-01T00:01:00+00:00"))
+    assert headline() == "**Undecided**: the run was interrupted; rerun with `--resume r1` (the trials done are kept)."
+
+
+@pytest.mark.slow
+def test_a_run_cancelled_before_its_first_trial_claims_no_kept_trials(tmp_path: Path) -> None:
+    """The real `pytest qualify` stopped by SIGINT while its first start loads the weights (600 s slept)."""
+    inventory = write_inventory(tmp_path, noise="quiet", sim_flags=("--sim-sleep-scale", "1", "--sim-load-s", "600"))
+    port = inventory_port(inventory)
+    run_dir = tmp_path / "reports" / "early"
+    proc = start_qualify(inventory, tmp_path / "reports", "--run-id", "early",
+                         *small_scenario_option(tmp_path, "cancel-early"), "--trials", "2", "--max-trials", "2")
+    wait_for(lambda: (run_dir / "plan.json").is_file() and sim_processes(port), 120, "the first start's ranks",
+             process=proc)
+    output = interrupt(proc)
+    assert proc.returncode == 2, output
+    assert wait_no_sim_processes(port, timeout_s=30) == [], "an emulated rank outlived the cancel"
+    assert SampleStore(run_dir).trials().empty, output
+    summary = (run_dir / "summary.md").read_text(encoding="utf-8")
+    assert summary.splitlines()[2] == "**Undecided**: the run was interrupted; rerun with `--resume early`.", summary
+    assert "the trials done are kept" not in summary, summary
