@@ -11,6 +11,8 @@ import numpy as np
 from tests.support.labfixtures import REPO
 
 SHIPPED_TRACE = REPO / "fixtures" / "cache_qualify" / "trials" / "data" / "conversations.jsonl"
+# the first 1,000 records of Mooncake's conversation trace (its README names the source and license)
+MOONCAKE_SLICE = SHIPPED_TRACE.parent / "mooncake" / "conversation_trace.jsonl"
 
 # Lines: 1 name, 2 description, 3 corpus, 4 default, 5 trace, 6 file, 7 block_tokens, 8 trials,
 # 9 expectations, 10 the hit rate's gain.
