@@ -8,7 +8,11 @@ import hashlib
 import math
 import re
 
-from cache_qualify.trials.trace import scaled_lengths
+import pytest
+
+from cache_qualify.config.inventory import load_inventory
+from cache_qualify.config.scenario import check_against, load_scenario
+from cache_qualify.trials.trace import scaled_lengths, scenario_trace
 from cache_qualify.trials.traceanalysis import trace_figures
 from cache_qualify.trials.tracefile import read_records
 from tests.support.labfixtures import REPO
@@ -62,3 +66,42 @@ def test_at_32_tokens_a_block_its_prompts_and_working_set_are_those_the_docs_sta
     assert (min(lengths), max(lengths), sum(lengths), distinct * 32) == (56, 7_621, 858_783, 688_448)
     docs = " ".join((REPO / "docs" / "traces.md").read_text(encoding="utf-8").split())
     assert "prompts are 56 to 7,621 tokens, 858,783 in all, and its 21,514 distinct blocks 688,448 tokens" in docs
+
+
+# the tiny Llama's KV: one layer, one KV head of 64, float32, keys and values (2,097,152 tokens a GiB)
+KV_BYTES_PER_TOKEN = 2 * 64 * 4
+
+
+@pytest.mark.parametrize(("example", "inventory", "block_tokens", "context"), [
+    ("vllm-trace.yaml", "vllm.yaml", 16, 8_192),            # examples/vllm.yaml's --max-model-len
+    ("llama-cpp-trace.yaml", "llama-cpp.yaml", 16, 8_192),  # n_ctx_slot: the training context, each slot
+])
+def test_the_example_trace_scenarios_load_and_their_traces_pass_the_setup_check(
+        example: str, inventory: str, block_tokens: int, context: int) -> None:
+    """What the run's setup does before any lab time: the scenario read and checked against what its
+    example inventory's runtime exports, the slice read, checked, selected and synthesized; every prompt
+    and its output cap fit the server's context."""
+    scenario = load_scenario(REPO / "examples" / example)
+    check_against(scenario, load_inventory(REPO / "examples" / inventory).measurement)
+    trace = scenario_trace(scenario)
+    assert trace.file.resolve() == MOONCAKE_SLICE.resolve()
+    assert (len(trace.requests), trace.block_tokens, trace.marker_clashes) == (1_000, block_tokens, 0)
+    assert len(trace.warm_requests()) == 500
+    assert max(len(r.prompt) + r.max_tokens for r in trace.requests) < context
+    ids = {t for r in trace.requests for t in r.prompt}
+    assert min(ids) >= 3 and max(ids) <= 31_999   # the tiny models' vocabulary, no special token
+
+
+def test_the_vllm_trace_example_s_kv_cache_holds_under_a_third_of_the_slice_s_blocks() -> None:
+    scenario = load_scenario(REPO / "examples" / "vllm-trace.yaml")
+    flags = list(scenario.server_flags)
+    kv_tokens = int(flags[flags.index("--kv-cache-memory-bytes") + 1]) // KV_BYTES_PER_TOKEN
+    trace = scenario_trace(scenario)
+    working_set = len({h for r in trace.requests for h in r.hash_ids}) * trace.block_tokens
+    assert (kv_tokens, working_set) == (98_304, 344_224) and kv_tokens < working_set / 3
+    example = (REPO / "examples" / "vllm-trace.yaml").read_text(encoding="utf-8")
+    assert "48 MiB, 98,304\n# tokens" in example and "21,514 distinct blocks 344,224 tokens" in example
+
+
+def test_the_llama_trace_example_gives_two_slots() -> None:
+    assert load_scenario(REPO / "examples" / "llama-cpp-trace.yaml").server_flags == ("--parallel", "2")
