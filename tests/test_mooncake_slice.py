@@ -14,11 +14,17 @@ from cache_qualify.config.inventory import load_inventory
 from cache_qualify.config.scenario import check_against, load_scenario
 from cache_qualify.trials.trace import scaled_lengths, scenario_trace
 from cache_qualify.trials.traceanalysis import trace_figures
-from cache_qualify.trials.tracefile import read_records
+from cache_qualify.trials.tracefile import TraceRecord, read_records
 from tests.support.labfixtures import REPO
 from tests.support.traces import MOONCAKE_SLICE
 
 README = (MOONCAKE_SLICE.parent / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def records() -> list[TraceRecord]:
+    """The slice read once, as a trace scenario's setup reads it."""
+    return read_records(MOONCAKE_SLICE, format="mooncake", block_size=512)
 
 
 def test_the_slice_is_the_file_its_readme_names() -> None:
@@ -35,15 +41,13 @@ def test_the_license_the_readme_names_is_shipped_beside_it() -> None:
     assert "4. Redistribution." in license_text and "END OF TERMS AND CONDITIONS" in license_text
 
 
-def test_every_record_covers_its_length_with_its_ids_and_starts_with_block_0() -> None:
-    records = read_records(MOONCAKE_SLICE, format="mooncake", block_size=512)
+def test_every_record_covers_its_length_with_its_ids_and_starts_with_block_0(records: list[TraceRecord]) -> None:
     assert len(records) == 1_000 and [r.index for r in records] == list(range(1_000))
     assert all(len(r.hash_ids) == math.ceil(r.input_length / 512) for r in records)
     assert all(r.hash_ids[0] == 0 for r in records)
 
 
-def test_the_slice_s_figures_are_those_its_readme_states() -> None:
-    records = read_records(MOONCAKE_SLICE, format="mooncake", block_size=512)
+def test_the_slice_s_figures_are_those_its_readme_states(records: list[TraceRecord]) -> None:
     figures = trace_figures(records, [8000, 2000, 500])
     for line in figures.lines():
         assert f"    {line}\n" in README, line
@@ -57,10 +61,9 @@ def test_the_slice_s_figures_are_those_its_readme_states() -> None:
     assert re.search(r"3\.7 % to 8\.4 % of whole-block hits unbounded and 3\.4 % to 4\.6 %", " ".join(README.split()))
 
 
-def test_at_32_tokens_a_block_its_prompts_and_working_set_are_those_the_docs_state() -> None:
+def test_at_32_tokens_a_block_its_prompts_and_working_set_are_those_the_docs_state(records: list[TraceRecord]) -> None:
     """docs/traces.md: "prompts are 56 to 7,621 tokens, 858,783 in all, and its 21,514 distinct blocks
     688,448 tokens"."""
-    records = read_records(MOONCAKE_SLICE, format="mooncake", block_size=512)
     lengths = [(len(r.hash_ids) - 1) * 32 + last for r, last in zip(records, scaled_lengths(records, 512, 32))]
     distinct = len({h for r in records for h in r.hash_ids})
     assert (min(lengths), max(lengths), sum(lengths), distinct * 32) == (56, 7_621, 858_783, 688_448)
