@@ -145,14 +145,20 @@ def test_a_named_scenario_has_no_replay_quantity() -> None:
 @pytest.mark.slow
 def test_the_shipped_trace_scenario_decides_two_choice_against_set4(tmp_path: Path) -> None:
     """`pytest qualify --scenario trace-replay` on the simulated lab: every start one replay, its warm half's
-    row-cache hit rate and TTFT p50 decided (pass or fail) with both arms' figures in verdicts.json."""
+    row-cache hit rate decided with both arms' figures in verdicts.json: two_choice does not beat set4 on
+    this slice (41.2 % against 40.9 %), which every start shows, so the gain fails whatever the machine's
+    load. The TTFT p50 is a wall-clock time on a machine shared with the other worker's tests (a vLLM
+    among them): four to six starts may leave its no-regression inconclusive (CI saw it once), but two_choice
+    does no more work per request than set4, so it is never shown to regress."""
     inventory = write_inventory(tmp_path, builds={})
     assert committed_inventory()["baseline"] == "set4" and committed_inventory()["candidate"] == "two_choice"
     run = run_qualify(inventory, tmp_path / "reports", "--scenario", SHIPPED, timeout_s=400)
     verdicts = json.loads((run.run_dir() / "verdicts.json").read_text())["scenarios"][SHIPPED]
     decided = {v["metric"]: v for v in verdicts}
-    assert {decided["hit_rate"]["outcome"], decided["ttft_p50_s"]["outcome"]} <= {"pass", "fail"}, verdicts
-    for v in (decided["hit_rate"], decided["ttft_p50_s"]):
+    hit, ttft = decided["hit_rate"], decided["ttft_p50_s"]
+    assert hit["outcome"] == "fail" and "a regression is shown" in hit["reason"], hit["reason"]
+    assert hit["request"] == WINDOW and 0.40 < hit["candidate_mean"] < hit["baseline_mean"] < 0.42, hit
+    assert ttft["outcome"] in ("pass", "inconclusive"), ttft["reason"]
+    for v in (hit, ttft):
         assert math.isfinite(v["baseline_mean"]) and math.isfinite(v["candidate_mean"]) and v["trials_baseline"] >= 4
-    assert decided["hit_rate"]["request"] == WINDOW and 0 < decided["hit_rate"]["baseline_mean"] < 1
-    assert run.returncode in (0, 1), run.output
+    assert run.returncode == 1, run.output
