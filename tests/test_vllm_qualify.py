@@ -7,7 +7,8 @@ tests FAIL when it cannot be), serving a seeded random-weight Llama of one layer
 transformers (`tests.support.vllm_server`). A vLLM start costs most of a minute here, so the starts
 are shared: one gate run of several candidates against one baseline without prefix caching
 (caching on in blocks of 128; blocks of 32 with half the KV cache, the CPU build's smallest; the baseline against itself),
-one two-arm run over sshd and one run whose candidate exits at start.
+one replay of the shipped Mooncake slice over sshd (caching in blocks of 128 and of 32 against none) and one
+run whose candidate exits at start.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
 EXAMPLE = REPO / "examples" / "vllm.yaml"
 RESEND = REPO / "examples" / "vllm-resend.yaml"
+TRACE = REPO / "examples" / "vllm-trace.yaml"
 EXAMPLE_MODEL = "/srv/models/tiny-llama"
 EXAMPLE_PYTHON = "/opt/vllm/bin/python"
 KV_1G = ["--kv-cache-memory-bytes", "1073741824"]
@@ -66,9 +68,9 @@ def qualify(inventory: Path, tmp_path: Path, *args: str) -> QualifyRun:
     return run_qualify(inventory, tmp_path / "reports", "--scenario", str(RESEND), *args, timeout_s=3000)
 
 
-def verdicts(run: QualifyRun, arm: str) -> dict[str, dict[str, Any]]:
-    """The verdicts of candidate `arm`, by (metric, request)."""
-    listed = json.loads((run.run_dir() / "verdicts-vllm-resend.json").read_text(encoding="utf-8"))
+def verdicts(run: QualifyRun, arm: str, scenario: str = "vllm-resend") -> dict[str, dict[str, Any]]:
+    """The verdicts of candidate `arm` on `scenario`, by (metric, request)."""
+    listed = json.loads((run.run_dir() / f"verdicts-{scenario}.json").read_text(encoding="utf-8"))
     return {f"{v['metric']}[{v['request']}]": v for v in listed if v["arm"] == arm}
 
 
@@ -160,12 +162,32 @@ def over_ssh(sshd_lab: SshdLab, sshd_host: SshdInstance, inventory: Inventory, t
 
 
 @pytest.mark.sshd
-def test_prefix_caching_passes_over_a_real_sshd(over_ssh: Path, tmp_path: Path) -> None:
-    run = qualify(over_ssh, tmp_path, *THREE_STARTS)
-    seen = outcomes(run)
-    assert seen["test_prefix_cache[hit_rate-gain[A-again]]"] == "passed", run.output
-    assert seen["test_prefix_cache[hit_rate-gain[B-again]]"] == "passed", run.output
-    assert seen["test_kv_pages[kv_pages-no_regression[startup]]"] == "passed", run.output
-    check_prefill_gain(run, "prefix-caching")
-    assert run.returncode == (1 if "failed" in seen.values() else 0), run.output
+def test_the_mooncake_slice_replayed_over_a_real_sshd_decides_prefix_caching(over_ssh: Path,
+                                                                              tmp_path: Path) -> None:
+    """examples/vllm-trace.yaml as it is committed: the shipped slice of Mooncake's conversation trace
+    (1,000 records, blocks of 16 tokens) replayed open loop on its timestamps ten times faster, streamed,
+    at a KV cache of 48 MiB (under a third of the slice's blocks, so eviction decides what is served),
+    over a real sshd with strict host keys. Prefix caching in blocks of 128 and of 32 each pass the warm
+    half's hit-rate gain against no caching and keep the KV cache; without caching nothing is served.
+    No time is asserted: the tiny model's prefill is milliseconds, which a loaded machine's stalls pass
+    (the example says so)."""
+    run = run_qualify(over_ssh, tmp_path / "reports", "--scenario", str(TRACE), "--candidate",
+                      "prefix-caching,prefix-caching-32", *THREE_STARTS, timeout_s=3000)
+    assert run.returncode == 0, run.output
+    for arm in ("prefix-caching", "prefix-caching-32"):
+        got = verdicts(run, arm, "vllm-trace")
+        for name in ("hit_rate[replay]", "kv_pages[startup]"):
+            assert got[name]["outcome"] == "pass", got[name]["reason"]
     assert {t["outcome"] for t in rows(run, "trials.csv")} == {"ok"}
+    warm = {build: samples_of(run, "hit_rate", build, "replay")
+            for build in ("no-prefix-caching", "prefix-caching", "prefix-caching-32")}
+    assert all(len(rates) == 3 for rates in warm.values()), warm
+    assert set(warm["no-prefix-caching"]) == {0}
+    # the slice's whole-block prefix hits with an unbounded cache are 21.2 % (docs/traces.md): no
+    # bounded cache serves more of the warm half; 6,144 of the trace's blocks serve a few points
+    assert all(0.03 < rate < 0.212 for build in ("prefix-caching", "prefix-caching-32") for rate in warm[build]), warm
+    # the open loop sent every record at its time: lateness is recorded per start, never NaN
+    lateness = samples_of(run, "lateness_p99_s", "prefix-caching", "startup")
+    assert len(lateness) == 3 and all(math.isfinite(v) for v in lateness), lateness
+    summary = (run.run_dir() / "summary.md").read_text(encoding="utf-8")
+    assert "vllm-trace" in summary and "Hit rate" in summary
