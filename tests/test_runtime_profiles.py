@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,8 @@ from tests.support.httpfixtures import Request, Reply, StubServer, json_reply
 DATA = Path(__file__).resolve().parent / "data"
 CACHED = "usage.prompt_tokens_details.cached_tokens"
 HOST = "127.0.0.23"
+# the tokenizer manager's prompt-token series of tests/data/sglang-metrics.txt, at a value
+PROMPT_TOKENS = 'sglang:prompt_tokens_total{{engine_type="unified",is_streaming="false",model_name="tiny"}} {}.0'
 
 
 def body(name: str) -> str:
@@ -122,21 +126,47 @@ def test_sglang_without_cached_tokens_total_has_zero_hits() -> None:
     model = resolve("sglang")
     fresh, served = body("sglang-metrics.txt").split("\n# --- next scrape ---\n")
     assert not samples(fresh + served, "sglang:cached_tokens_total")
-    assert not samples(fresh, "sglang:prompt_tokens_total")   # a labelled counter: no series before a request
+    assert not samples(fresh + served, "sglang:evicted_tokens_total")   # nothing evicted yet: no series
+    # the warm-up request, counted before /health_generate answers: the series is there at the first scrape
+    assert samples(fresh, "sglang:prompt_tokens_total") == [PROMPT_TOKENS.format(3)]
     got = figures(model, fresh, served)
     assert (got["hits"], got["prompt_tokens"], got["hit_rate"], got["misses"]) == (0, 4000, 0, 4000)
+    assert got["evictions"] == 0
     assert got["ttft_s"] > 0
 
 
-def test_sglang_counts_its_first_hit_from_zero() -> None:
+def test_sglang_prompt_tokens_are_required_since_the_warm_up_counts_them() -> None:
+    """The profile asks for the series at every scrape: the warm-up makes it before the server is ready."""
+    model = resolve("sglang")
+    assert "sglang:prompt_tokens_total" in model.required_metrics()
+    fresh, served = body("sglang-metrics.txt").split("\n# --- next scrape ---\n")
+    with pytest.raises(MetricMissing, match="sglang:prompt_tokens_total"):
+        figures(model, fresh.replace("sglang:prompt_tokens_total{", "sglang:other_total{"), served)
+
+
+def test_sglang_counts_its_first_hit_and_eviction_from_zero() -> None:
     model = resolve("sglang")
     _fresh, served = body("sglang-metrics.txt").split("\n# --- next scrape ---\n")
-    hit = served.replace("sglang:prompt_tokens_total{model_name=\"tiny\"} 4000.0",
-                         "sglang:prompt_tokens_total{model_name=\"tiny\"} 8000.0")
-    hit += ('# HELP sglang:cached_tokens_total Number of cached prompt tokens.\n'
-            '# TYPE sglang:cached_tokens_total counter\nsglang:cached_tokens_total{model_name="tiny"} 3999.0\n')
+    hit = served.replace(PROMPT_TOKENS.format(4003), PROMPT_TOKENS.format(8003))
+    # one series per cache source, summed; the evictions of a rank's tree (0.5.21 on: its rank labels)
+    hit += ('# HELP sglang:cached_tokens_total Number of cached prompt tokens by source (device/host/storage).\n'
+            '# TYPE sglang:cached_tokens_total counter\n'
+            'sglang:cached_tokens_total{cache_source="device",engine_type="unified",model_name="tiny"} 3968.0\n'
+            'sglang:cached_tokens_total{cache_source="host",engine_type="unified",model_name="tiny"} 31.0\n'
+            '# TYPE sglang:evicted_tokens_total counter\n'
+            'sglang:evicted_tokens_total{cache_type="RadixCache",dp_rank="0",pp_rank="0",tp_rank="0"} 4003.0\n')
     got = figures(model, served, hit)
-    assert (got["hits"], got["prompt_tokens"]) == (3999, 4000)
+    assert (got["hits"], got["prompt_tokens"], got["evictions"]) == (3999, 4000, 4003)
+
+
+def test_the_sglang_sample_is_what_sglangs_metric_definitions_print() -> None:
+    """tests/data/sglang-metrics.txt is prometheus_client's output for the source's definitions (the
+    families' order aside: the client takes it from its multiprocess folder's listing)."""
+    printed = subprocess.run([sys.executable, "-m", "tests.support.sglang_sample"], cwd=DATA.parent.parent,
+                             capture_output=True, text=True, check=True, timeout=60).stdout
+    def parts(text: str) -> list[list[str]]:
+        return [sorted(part.splitlines()) for part in text.split("\n# --- next scrape ---\n")]
+    assert parts(printed) == parts(body("sglang-metrics.txt"))
 
 
 @pytest.mark.parametrize("usage", [{"prompt_tokens": 4000, "completion_tokens": 1, "total_tokens": 4001,
