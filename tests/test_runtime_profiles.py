@@ -80,6 +80,39 @@ def test_vllm_with_caching_off_has_a_hit_rate_of_zero_not_zero_over_zero() -> No
     assert not any(math.isnan(v) for v in again.values())
 
 
+EXTERNAL_HITS = 'vllm:external_prefix_cache_hits_total{engine="0",model_name="tiny-llama"} '
+
+
+def test_vllm_hit_rate_over_both_tiers_reads_from_the_recorded_bodies() -> None:
+    """No KV connector: the external tier's hits are 0 (its series there, at 0), so the hit rate over both
+    tiers is the device's; the tiers' split by source sums to them, as vLLM's help text says."""
+    model = resolve("vllm")
+    bodies = vllm_bodies("vllm-metrics.txt")
+    again = figures(model, bodies[2], bodies[3])
+    assert samples(bodies[3], "vllm:external_prefix_cache_hits_total") == [EXTERNAL_HITS + "0.0"]
+    assert (again["external_hits"], again["hits"], again["prompt_tokens"]) == (0, 3968, 4000)
+    assert again["hit_rate_total"] == again["hit_rate"] == pytest.approx(3968 / 4000)
+    assert model.quantities["hit_rate_total"].describe() == ("fraction (hits + external_hits) / (prompt_tokens) "
+                                                          "(fraction, higher is better)")
+    by_source = sum(float(line.rsplit(" ", 1)[1]) for line in samples(bodies[3], "vllm:prompt_tokens_cached_by_source_total"))
+    assert by_source == 3968 + 0
+
+
+def test_vllm_external_hits_count_in_the_total_hit_rate_not_its_denominator() -> None:
+    """A connector's 32 hits (the block the device computed) over the same 4,000 prompt tokens, which count
+    every prompt token once; a body without the series (a release before it) reads 0 external hits."""
+    model = resolve("vllm")
+    bodies = vllm_bodies("vllm-metrics.txt")
+    moved = bodies[3].replace(EXTERNAL_HITS + "0.0", EXTERNAL_HITS + "32.0")
+    got = figures(model, bodies[2], moved)
+    assert (got["external_hits"], got["hit_rate_total"], got["hit_rate"]) == (32, 1.0, pytest.approx(3968 / 4000))
+
+    def cut(text: str) -> str:
+        return "\n".join(line for line in text.splitlines() if "vllm:external_prefix_cache_hits" not in line)
+    without = figures(model, cut(bodies[2]), cut(bodies[3]))
+    assert (without["external_hits"], without["hit_rate_total"]) == (0, pytest.approx(3968 / 4000))
+
+
 def test_vllm_kv_line_of_the_cpu_and_the_gpu_build() -> None:
     import re
     regex = re.compile(resolve("vllm").quantities["kv_pages"].spec.log or "")
