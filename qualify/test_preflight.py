@@ -1,4 +1,5 @@
-"""Preflight: the runner's SSH key exists; every host reachable with a known key, the drop works
+"""Preflight: the runner's SSH key exists; every build's command line has the flags its runtime's
+cached-tokens field needs; every host reachable with a known key, the drop works
 without a password, both builds present, the rank's HTTP port reachable over its route and free,
 clocks in step. One test per host (its name in the id). They run first, before any server of the run
 is up, under pytest-xdist too; a failure stops every scenario before lab time; `--preflight-only` runs
@@ -21,6 +22,12 @@ pytestmark = pytest.mark.qualify_preflight
 def test_ssh_identity(qualify_state: QualifyState) -> None:
     """The runner's SSH key (the inventory's `ssh.identity`) exists and is readable."""
     preflight.check_ssh_identity(qualify_state.inventory)
+
+
+def test_build_flags(qualify_state: QualifyState) -> None:
+    """Every build's command line holds the flags the runtime's cached-tokens field needs (a server
+    started without them leaves the field out, which reads as nothing cached)."""
+    preflight.check_flags(qualify_state.inventory, list(qualify_state.setup.resolved.values()))
 
 
 def test_reachable(connection: tuple[Transport, QualifyError | None]) -> None:

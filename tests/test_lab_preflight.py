@@ -1,16 +1,23 @@
-"""`cache_qualify.lab.preflight.check_builds`: every file a build's command line names is on the host."""
+"""`cache_qualify.lab.preflight.check_builds`: every file a build's command line names is on the host;
+`check_flags`: every build's command line has the flags its runtime's cached-tokens field needs."""
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cache_qualify.config.inventory import load_inventory
-from cache_qualify.errors import CommandFailed
-from cache_qualify.lab.preflight import check_builds
+from cache_qualify.config.scenario import find_scenario, load_scenario
+from cache_qualify.errors import CommandFailed, ConfigError
+from cache_qualify.lab.preflight import check_builds, check_flags
 from cache_qualify.lab.transport import LocalTransport
-from tests.support.labfixtures import committed_inventory, write_inventory
+from tests.support.examples import adapt_example
+from tests.support.labfaults import failed, failures
+from tests.support.labfixtures import REPO, committed_inventory, run_qualify, write_inventory
 
 
 def test_a_model_file_the_server_command_names_must_exist(tmp_path: Path) -> None:
@@ -28,3 +35,77 @@ def test_a_model_file_the_server_command_names_must_exist(tmp_path: Path) -> Non
         model.write_bytes(b"GGUF")
         (tmp_path / "a.lora").write_bytes(b"")
         check_builds(inventory, host, transport)   # every file there: the check passes
+
+
+# --- the flags a runtime's cached-tokens field needs (`prefix_cached.needs_flag`) ------------------
+
+FLAG = "--enable-prompt-tokens-details"
+VLLM_RESEND = REPO / "examples" / "vllm-resend.yaml"
+
+
+def vllm_example(folder: Path, **edits: Any) -> Path:
+    """examples/vllm.yaml adapted as a lab runner would: this python as vLLM's, a model folder of the test's."""
+    model = folder / "tiny-llama"
+    model.mkdir(parents=True, exist_ok=True)
+    return adapt_example(REPO / "examples" / "vllm.yaml", folder, program=("/opt/vllm/bin/python", Path(sys.executable)),
+                         model=("/srv/models/tiny-llama", model), **edits)
+
+
+def missing_flag_line(inventory: Path, builds: str = "builds 'no-prefix-caching', 'prefix-caching' start") -> str:
+    return (f"{inventory}: server.command: {builds} without {FLAG}, which scenario 'vllm-resend' (prefix_reuse: "
+            f"measure) needs: without it vllm leaves usage.prompt_tokens_details.cached_tokens out of its responses, "
+            f"which the profile reads as 0 cached tokens (absent: zero), so every cached token measured would read 0; "
+            f"add it to server.command or the build's flags")
+
+
+def test_a_vllm_build_started_without_prompt_tokens_details_is_refused(tmp_path: Path) -> None:
+    path = vllm_example(tmp_path, drop=[FLAG])
+    with pytest.raises(ConfigError, match=f"^{re.escape(missing_flag_line(path))}$"):
+        check_flags(load_inventory(path), [load_scenario(VLLM_RESEND)])
+
+
+@pytest.mark.parametrize("where", ["server.command", "the build's flags", "the scenario's server_flags"])
+def test_the_flag_counts_wherever_the_resolved_command_line_gets_it(tmp_path: Path, where: str) -> None:
+    """server.command, the build's flags and the scenario's server_flags make one command line."""
+    scenario = load_scenario(VLLM_RESEND)
+    edits: dict[str, Any] = {}
+    if where == "server.command":
+        edits = {"command_suffix": f" {FLAG}=true"}
+    elif where == "the build's flags":
+        edits = {"builds": {name: {"description": "with the flag", "flags": [FLAG]}
+                            for name in ("no-prefix-caching", "prefix-caching")}}
+    else:
+        scenario = scenario.model_copy(update={"server_flags": (FLAG,)})
+    inventory = load_inventory(vllm_example(tmp_path, drop=[FLAG], **edits))
+    assert inventory.measurement.prefix_cached_flags == (FLAG,)   # checked, and found
+    check_flags(inventory, [scenario])
+
+
+def test_only_the_build_without_the_flag_is_named(tmp_path: Path) -> None:
+    path = vllm_example(tmp_path, drop=[FLAG], builds={"no-prefix-caching": {
+        "description": "the baseline, with the flag", "flags": ["--no-enable-prefix-caching", FLAG]}})
+    line = missing_flag_line(path, "build 'prefix-caching' starts")
+    with pytest.raises(ConfigError, match=f"^{re.escape(line)}$"):
+        check_flags(load_inventory(path), [load_scenario(VLLM_RESEND)])
+
+
+def test_runtimes_whose_field_needs_no_flag_are_not_checked(tmp_path: Path) -> None:
+    """llama-server reports its cached tokens always, the simulated lab has no such field: nothing to refuse
+    in the shipped examples, nor in examples/vllm.yaml as shipped (it has the flag)."""
+    flare, llama = load_inventory(REPO / "hosts.yaml"), load_inventory(REPO / "examples" / "llama-cpp.yaml")
+    assert flare.measurement.prefix_cached_flags == llama.measurement.prefix_cached_flags == ()
+    check_flags(flare, [load_scenario(find_scenario("reread-1g"))])
+    check_flags(llama, [load_scenario(REPO / "examples" / "llama-cpp-resend.yaml")])
+    check_flags(load_inventory(vllm_example(tmp_path)), [load_scenario(VLLM_RESEND)])
+
+
+@pytest.mark.slow
+def test_the_real_preflight_names_the_build_and_the_flag_in_one_line(tmp_path: Path) -> None:
+    """`pytest qualify --preflight-only` on examples/vllm.yaml without the flag: test_build_flags fails with
+    the one line, before any server starts (no vLLM is needed to see it); the host checks pass."""
+    path = vllm_example(tmp_path, drop=[FLAG])
+    run = run_qualify(path, tmp_path / "reports", "--scenario", str(VLLM_RESEND), "--preflight-only",
+                      "--junitxml", str(tmp_path / "junit.xml"))
+    assert run.returncode == 1, run.output[-4000:]
+    assert sorted(failures(run)) == ["test_build_flags"], run.output[-4000:]
+    assert failed(run, "test_build_flags").splitlines()[0] == f"Failed: ConfigError: {missing_flag_line(path)}"

@@ -33,7 +33,7 @@ def test_hosts_option_works_with_and_without_testinfra(tmp_path: Path, testinfra
     extra = ("-p", "no:pytest11.testinfra") if testinfra == "blocked" else ()
     run = run_qualify(inventory, tmp_path / "reports", "--preflight-only", *extra)
     assert run.returncode == 0, run.output
-    assert "16 passed" in run.output
+    assert "17 passed" in run.output
     if testinfra == "blocked":
         assert "--ssh-identity-file" not in pytest_cli("--help", *extra).stdout
 
@@ -44,7 +44,7 @@ def test_inventory_alias(tmp_path: Path) -> None:
     proc = pytest_cli("qualify", "--inventory", str(inventory), "--reports-dir", str(tmp_path / "r"),
                       "--preflight-only", "-q")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "16 passed" in proc.stdout
+    assert "17 passed" in proc.stdout
 
 
 @pytest.mark.slow
@@ -118,7 +118,7 @@ def test_plugin_loads_without_xdist(tmp_path: Path) -> None:
     inventory = write_inventory(tmp_path)
     run = run_qualify(inventory, tmp_path / "reports", "--preflight-only", "-p", "no:xdist")
     assert run.returncode == 0, run.output
-    assert "16 passed" in run.output
+    assert "17 passed" in run.output
 
 
 HEAVY = ("numpy", "pandas", "scipy", "matplotlib")

@@ -70,7 +70,7 @@ def test_a_preflight_failed_on_one_host_stops_every_worker(tmp_path: Path) -> No
     blocked = len(list(run.junit().iter("skipped")))   # both scenarios' (a name of each may be the same)
     assert blocked >= len(scenario_cases) and f"SKIPPED [{blocked}] " in run.output, run.output[-3000:]
     # every preflight test ran (on either worker), and the run's tail says in one line what stopped it
-    assert len([name for name in cases if name.startswith(PREFLIGHT_CHECKS)]) == 1 + 5 * 6, sorted(cases)
+    assert len([name for name in cases if name.startswith(PREFLIGHT_CHECKS)]) == 2 + 5 * 6, sorted(cases)
     assert run.tail() == [f"nothing measured: the preflight check test_port_free[gb10-f] failed: "
                           f"{failed['test_port_free[gb10-f]'].removeprefix('Failed: ')}; no run folder kept"], run.output
     # no lab time, nothing kept: no server started, no run folder
@@ -88,7 +88,7 @@ def test_every_preflight_test_ends_before_the_first_trial_starts(tmp_path: Path)
     assert run.returncode == 0, run.output
     run_dir = run.run_dir()
     outcomes = recorded(run_dir)
-    assert len(outcomes) == 1 + 5 * 3 and {o.outcome for o in outcomes} == {"passed"}, outcomes
+    assert len(outcomes) == 2 + 5 * 3 and {o.outcome for o in outcomes} == {"passed"}, outcomes
     assert {o.name for o in outcomes} >= {f"test_port_free[gb10-{c}]" for c in "abc"}
     passed = {name for name, case in run.testcases().items() if case.find("failure") is None
               and case.find("skipped") is None and case.find("error") is None}

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,8 @@ from tests.support.httpfixtures import Request, Reply, StubServer, json_reply
 DATA = Path(__file__).resolve().parent / "data"
 CACHED = "usage.prompt_tokens_details.cached_tokens"
 HOST = "127.0.0.23"
+# the tokenizer manager's prompt-token series of tests/data/sglang-metrics.txt, at a value
+PROMPT_TOKENS = 'sglang:prompt_tokens_total{{engine_type="unified",is_streaming="false",model_name="tiny"}} {}.0'
 
 
 def body(name: str) -> str:
@@ -76,6 +80,41 @@ def test_vllm_with_caching_off_has_a_hit_rate_of_zero_not_zero_over_zero() -> No
     assert not any(math.isnan(v) for v in again.values())
 
 
+EXTERNAL_HITS = 'vllm:external_prefix_cache_hits_total{engine="0",model_name="tiny-llama"} '
+
+
+def test_vllm_hit_rate_over_both_tiers_reads_from_the_recorded_bodies() -> None:
+    """No KV connector: the external tier's hits are 0 (its series there, at 0), so the hit rate over both
+    tiers is the device's; the tiers' split by source sums to them, as vLLM's help text says."""
+    model = resolve("vllm")
+    bodies = vllm_bodies("vllm-metrics.txt")
+    again = figures(model, bodies[2], bodies[3])
+    assert samples(bodies[3], "vllm:external_prefix_cache_hits_total") == [EXTERNAL_HITS + "0.0"]
+    assert (again["external_hits"], again["hits"], again["prompt_tokens"]) == (0, 3968, 4000)
+    assert again["hit_rate_total"] == again["hit_rate"] == pytest.approx(3968 / 4000)
+    assert model.quantities["hit_rate_total"].describe() == ("fraction (hits + external_hits) / (prompt_tokens) "
+                                                          "(fraction, higher is better)")
+    by_source = sum(float(line.rsplit(" ", 1)[1]) for line in samples(bodies[3], "vllm:prompt_tokens_cached_by_source_total"))
+    assert by_source == 3968 + 0
+
+
+def test_vllm_external_hits_count_in_the_total_hit_rate_not_its_denominator() -> None:
+    """A connector's 32 hits (the block the device computed) over the same 4,000 prompt tokens, which count
+    every prompt token once; a body without the series (a release before it) reads 0 external hits."""
+    model = resolve("vllm")
+    bodies = vllm_bodies("vllm-metrics.txt")
+    moved = bodies[3].replace(EXTERNAL_HITS + "0.0", EXTERNAL_HITS + "32.0")
+    got = figures(model, bodies[2], moved)
+    assert (got["external_hits"], got["hit_rate_total"]) == (32, 1.0)
+    assert got["hit_rate"] == pytest.approx(3968 / 4000)
+
+    def cut(text: str) -> str:
+        return "\n".join(line for line in text.splitlines() if "vllm:external_prefix_cache_hits" not in line)
+    without = figures(model, cut(bodies[2]), cut(bodies[3]))
+    assert without["external_hits"] == 0
+    assert without["hit_rate_total"] == pytest.approx(3968 / 4000)
+
+
 def test_vllm_kv_line_of_the_cpu_and_the_gpu_build() -> None:
     import re
     regex = re.compile(resolve("vllm").quantities["kv_pages"].spec.log or "")
@@ -122,21 +161,47 @@ def test_sglang_without_cached_tokens_total_has_zero_hits() -> None:
     model = resolve("sglang")
     fresh, served = body("sglang-metrics.txt").split("\n# --- next scrape ---\n")
     assert not samples(fresh + served, "sglang:cached_tokens_total")
-    assert not samples(fresh, "sglang:prompt_tokens_total")   # a labelled counter: no series before a request
+    assert not samples(fresh + served, "sglang:evicted_tokens_total")   # nothing evicted yet: no series
+    # the warm-up request, counted before /health_generate answers: the series is there at the first scrape
+    assert samples(fresh, "sglang:prompt_tokens_total") == [PROMPT_TOKENS.format(3)]
     got = figures(model, fresh, served)
     assert (got["hits"], got["prompt_tokens"], got["hit_rate"], got["misses"]) == (0, 4000, 0, 4000)
+    assert got["evictions"] == 0
     assert got["ttft_s"] > 0
 
 
-def test_sglang_counts_its_first_hit_from_zero() -> None:
+def test_sglang_prompt_tokens_are_required_since_the_warm_up_counts_them() -> None:
+    """The profile asks for the series at every scrape: the warm-up makes it before the server is ready."""
+    model = resolve("sglang")
+    assert "sglang:prompt_tokens_total" in model.required_metrics()
+    fresh, served = body("sglang-metrics.txt").split("\n# --- next scrape ---\n")
+    with pytest.raises(MetricMissing, match="sglang:prompt_tokens_total"):
+        figures(model, fresh.replace("sglang:prompt_tokens_total{", "sglang:other_total{"), served)
+
+
+def test_sglang_counts_its_first_hit_and_eviction_from_zero() -> None:
     model = resolve("sglang")
     _fresh, served = body("sglang-metrics.txt").split("\n# --- next scrape ---\n")
-    hit = served.replace("sglang:prompt_tokens_total{model_name=\"tiny\"} 4000.0",
-                         "sglang:prompt_tokens_total{model_name=\"tiny\"} 8000.0")
-    hit += ('# HELP sglang:cached_tokens_total Number of cached prompt tokens.\n'
-            '# TYPE sglang:cached_tokens_total counter\nsglang:cached_tokens_total{model_name="tiny"} 3999.0\n')
+    hit = served.replace(PROMPT_TOKENS.format(4003), PROMPT_TOKENS.format(8003))
+    # one series per cache source, summed; the evictions of a rank's tree (0.5.21 on: its rank labels)
+    hit += ('# HELP sglang:cached_tokens_total Number of cached prompt tokens by source (device/host/storage).\n'
+            '# TYPE sglang:cached_tokens_total counter\n'
+            'sglang:cached_tokens_total{cache_source="device",engine_type="unified",model_name="tiny"} 3968.0\n'
+            'sglang:cached_tokens_total{cache_source="host",engine_type="unified",model_name="tiny"} 31.0\n'
+            '# TYPE sglang:evicted_tokens_total counter\n'
+            'sglang:evicted_tokens_total{cache_type="RadixCache",dp_rank="0",pp_rank="0",tp_rank="0"} 4003.0\n')
     got = figures(model, served, hit)
-    assert (got["hits"], got["prompt_tokens"]) == (3999, 4000)
+    assert (got["hits"], got["prompt_tokens"], got["evictions"]) == (3999, 4000, 4003)
+
+
+def test_the_sglang_sample_is_what_sglangs_metric_definitions_print() -> None:
+    """tests/data/sglang-metrics.txt is prometheus_client's output for the source's definitions (the
+    families' order aside: the client takes it from its multiprocess folder's listing)."""
+    printed = subprocess.run([sys.executable, "-m", "tests.support.sglang_sample"], cwd=DATA.parent.parent,
+                             capture_output=True, text=True, check=True, timeout=60).stdout
+    def parts(text: str) -> list[list[str]]:
+        return [sorted(part.splitlines()) for part in text.split("\n# --- next scrape ---\n")]
+    assert parts(printed) == parts(body("sglang-metrics.txt"))
 
 
 @pytest.mark.parametrize("usage", [{"prompt_tokens": 4000, "completion_tokens": 1, "total_tokens": 4001,

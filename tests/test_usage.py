@@ -156,7 +156,7 @@ def test_assertions_are_named_without_the_recorded_unit_and_old_names_still_sele
 
 def test_the_preflight_put_back_under_k_is_not_counted_as_deselected(tmp_path: Path) -> None:
     """-k choosing one assertion: pytest's count said `1/29 tests collected (28 deselected)` while it
-    listed the 16 preflight checks the plugin puts back beside the one test chosen."""
+    listed the 17 preflight checks the plugin puts back beside the one test chosen."""
     from tests.support.labfixtures import write_inventory
 
     inventory = write_inventory(tmp_path)

@@ -8,7 +8,7 @@ port, a run folder under the test's, the test's host edits (an sshd's address) a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,16 +27,19 @@ NO_DROP = "echo 'test lab: page cache left in place'"
 
 
 def adapt_example(example: Path, folder: Path, *, program: tuple[str, Path], model: tuple[str, Path],
-                  command_suffix: str = "", builds: Mapping[str, Any] | None = None,
+                  command_suffix: str = "", drop: Sequence[str] = (), builds: Mapping[str, Any] | None = None,
                   host: Mapping[str, Any] | None = None, ssh: Mapping[str, Any] | None = None,
                   **top: Any) -> Path:
     """`example` with every build's path `program[0]` replaced by `program[1]`, `model[0]` in the
-    server's command by `model[1]` (then `command_suffix` added), written to `folder`."""
+    server's command by `model[1]` (then `command_suffix` added, and each word of `drop` taken out: a flag a
+    lab runner forgot), written to `folder`."""
     data = yaml.safe_load(example.read_text(encoding="utf-8"))
     address = _worker_address()
     server = data["server"]
     assert model[0] in server["command"]
-    server.update(command=server["command"].replace(model[0], str(model[1])) + command_suffix,
+    words = server["command"].replace(model[0], str(model[1])).split(" ")
+    assert all(word in words for word in drop), (drop, words)
+    server.update(command=" ".join(w for w in words if w not in drop) + command_suffix,
                   http_port=free_port([address]), run_dir=str(folder / "on-host"), drop_caches=NO_DROP)
     data["hosts"] = [{**data["hosts"][0], "address": address, **(host or {})}]
     for build in data["builds"].values():

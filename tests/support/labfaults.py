@@ -21,8 +21,8 @@ SCENARIO = "faults"
 REQUESTS = ("A", "A-new-start", "B", "C")
 STARTUP = "startup"
 ALL = "all"
-PREFLIGHT_CHECKS = ("test_ssh_identity", "test_reachable", "test_drop_caches", "test_builds_present", "test_port_free",
-                    "test_clock")
+PREFLIGHT_CHECKS = ("test_ssh_identity", "test_build_flags", "test_reachable", "test_drop_caches", "test_builds_present",
+                    "test_port_free", "test_clock")
 
 
 def scenario_file(tmp_path: Path, *, timeout_s: float = 30.0, repeat_c: int = 1) -> Path:
