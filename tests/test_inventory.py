@@ -451,6 +451,17 @@ def test_schema_accepts_committed_and_rejects_unknown_keys() -> None:
         jsonschema.validate(data, schema)
 
 
+def test_the_schema_takes_a_fraction_s_part_as_one_name_or_several_as_the_loader_does(tmp_path: Path) -> None:
+    schema = json_schema("inventory")
+    for part in ("hits", ["hits", "external_hits"]):
+        data = yaml.safe_load(BASE)
+        data["measurements"] = {"hit_rate": {"fraction": {"part": part, "whole": ["prompt_tokens"]}}}
+        jsonschema.validate(data, schema)
+    data["measurements"]["hit_rate"]["fraction"]["part"] = []
+    with pytest.raises(jsonschema.ValidationError, match=r"\[\] should be non-empty"):
+        jsonschema.validate(data, schema)
+
+
 def test_inventory_is_frozen(tmp_path: Path) -> None:
     inventory = load_inventory(write(tmp_path, BASE))
     with pytest.raises(Exception, match="frozen"):
