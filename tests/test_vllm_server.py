@@ -9,6 +9,8 @@ cannot be.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
 import re
 import time
@@ -20,6 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
+from cache_qualify.config.profiles import resolve
+from cache_qualify.trials.exchange import Exchange, RequestShape, exchange
 from cache_qualify.trials.measure import parse_metrics
 from tests.support.llama_server import LlamaServer
 from tests.support.vllm_server import MODEL_NAME, group_alive, start_vllm_server, stop_group, vllm  # noqa: F401
@@ -140,6 +144,40 @@ def test_the_recorded_bodies_are_this_server_s(caching_on: Served, caching_off: 
         bodies = (DATA / recorded).read_text(encoding="utf-8").split("\n# --- next scrape ---\n")
         assert len(bodies) == 4
         assert names(bodies[3]) == names(served.bodies[3]), recorded
+
+
+def stream_lines(server: LlamaServer, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The chunks of one streamed completion, as sent (``data:`` lines, ``[DONE]`` left out)."""
+    with httpx.Client(base_url=server.base_url, timeout=120) as client:
+        with client.stream("POST", "/v1/completions", json=body) as answer:
+            assert answer.status_code == 200, answer.read()
+            data = [line[len("data: "):] for line in answer.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]", data
+    return [json.loads(chunk) for chunk in data[:-1]]
+
+
+def test_without_a_tokenizer_a_stream_s_text_is_empty_and_its_token_ids_time_each_token(caching_on: Served) -> None:
+    """--skip-tokenizer-init: each generated token is a chunk of its own whose text is empty, so a client
+    that times text sees no token; asked `return_token_ids`, the chunk carries the token's ID. The
+    replay's client, shaped by the vllm profile, times all four tokens and reads the usage chunk."""
+    p, _ = prompts()
+    body = {"model": MODEL_NAME, "prompt": p[:64], "max_tokens": 4, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    for ids in (False, True):
+        chunks = stream_lines(caching_on.server, {**body, "return_token_ids": ids})
+        tokens = [c["choices"][0] for c in chunks if c["choices"]]
+        assert len(tokens) == 4 and all(t["text"] == "" for t in tokens), chunks
+        assert [len(t.get("token_ids") or ()) for t in tokens] == ([1] * 4 if ids else [0] * 4), tokens
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+    shape = RequestShape.of_profile(resolve("vllm"), stream=True, model_name=MODEL_NAME)
+
+    async def send() -> Exchange:
+        async with httpx.AsyncClient(base_url=caching_on.server.base_url) as client:
+            return await exchange(client, shape, p[:64], 4, timeout_s=120)
+
+    got = asyncio.run(send())
+    assert got.error == "" and got.output_tokens == 4 and got.prompt_tokens == 64, got
+    assert len(got.token_times_s) == 4 and 0 < got.token_times_s[0] <= got.token_times_s[-1] <= got.e2e_s, got
 
 
 def test_sigterm_stops_each_server_and_its_processes(caching_on: Served, caching_off: Served) -> None:
