@@ -21,9 +21,8 @@ from cache_qualify.config.profiles import load_profile, resolve
 from cache_qualify.config.yamlsource import FieldProblem
 from cache_qualify.errors import InvalidResponse, MetricMissing
 from cache_qualify.trials.client import CompletionsClient
-from cache_qualify.trials.figures import combine, delta
-from cache_qualify.trials.measure import Snapshot, parse_metrics
 from tests.support.httpfixtures import Request, Reply, StubServer, json_reply
+from tests.support.recorded_vllm import body, figures, snapshot, vllm_bodies
 
 DATA = Path(__file__).resolve().parent / "data"
 CACHED = "usage.prompt_tokens_details.cached_tokens"
@@ -32,27 +31,8 @@ HOST = "127.0.0.23"
 PROMPT_TOKENS = 'sglang:prompt_tokens_total{{engine_type="unified",is_streaming="false",model_name="tiny"}} {}.0'
 
 
-def body(name: str) -> str:
-    return (DATA / name).read_text(encoding="utf-8")
-
-
-def snapshot(text: str, model: Measurement, at: float) -> Snapshot:
-    return Snapshot(host="gpu0", rank=0, taken_at=at,
-                    values=parse_metrics(text, host="gpu0", rank=0, table_label=model.table_label))
-
-
-def figures(model: Measurement, before: str, after: str) -> dict[str, float]:
-    rank = delta(snapshot(before, model, 1.0), snapshot(after, model, 2.0), model)
-    return dict(combine([rank], model).values)
-
-
 def samples(text: str, name: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith(name + "{")]
-
-
-def vllm_bodies(name: str) -> list[str]:
-    """The bodies of one recorded vLLM start: before P, after P, after Q, after P again."""
-    return body(name).split("\n# --- next scrape ---\n")
 
 
 # --- vLLM, recorded --------------------------------------------------------------------------------

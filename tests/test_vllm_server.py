@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import re
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from cache_qualify.config.profiles import resolve
 from cache_qualify.trials.exchange import Exchange, RequestShape, exchange
 from cache_qualify.trials.measure import parse_metrics
 from tests.support.llama_server import LlamaServer
+from tests.support.recorded_vllm import two_prompts as prompts   # P and Q, as the recorded bodies have them
 from tests.support.vllm_server import MODEL_NAME, group_alive, start_vllm_server, stop_group, vllm  # noqa: F401
 from tests.support.waiting import wait_for
 
@@ -50,11 +50,6 @@ class Served:
 
     def delta(self, name: str, before: int, after: int) -> float:
         return self.values(after)[name] - self.values(before)[name]
-
-
-def prompts() -> tuple[list[int], list[int]]:
-    rng = random.Random(1)
-    return [rng.randrange(100, 31000) for _ in range(PROMPT)], [rng.randrange(100, 31000) for _ in range(PROMPT)]
 
 
 def serve(server: LlamaServer) -> Served:
