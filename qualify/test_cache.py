@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from cache_qualify.gate import FAILED, INVALID, RecordProperty, check_counters, check_trials_valid, check_verdict
+from cache_qualify.gate import (FAILED, INVALID, RecordProperty, check_counters, check_prediction, check_trials_valid,
+                                check_verdict, record_predicted)
 from cache_qualify.qualification import Qualifier
 
 
@@ -36,9 +37,20 @@ def test_counter_consistency(qualifier: Qualifier, scenario_name: str) -> None:
     check_counters(qualifier, scenario_name)
 
 
+@pytest.mark.qualify_predictions
+def test_prediction(qualifier: Qualifier, scenario_name: str, arm: str, record_property: RecordProperty) -> None:
+    """The build's measured hit rate of every request equals what its cache's emulator predicts for the
+    same starts, from the build's parameters as read from its flags and its start (within the profile's
+    band where copies run at once): a cache the build claims but lacks fails here, naming both values.
+    One per scenario of named requests and build, where the runtime's cache has an emulator."""
+    check_prediction(qualifier, scenario_name, arm, record_property)
+
+
 @pytest.mark.assertions_per("request")
 def test_cache(qualifier: Qualifier, scenario_name: str, candidate: str, assertion_id: str,
                record_property: RecordProperty) -> None:
     """The candidate shows the gain the assertion asks for (at least its minimum effect), or no regression
-    beyond its margin, at the scenario's alpha; its figures are the test's JUnit properties."""
+    beyond its margin, at the scenario's alpha; its figures are the test's JUnit properties (a hit rate's
+    with its predicted beside measured value, where the runtime's cache has an emulator)."""
+    record_predicted(qualifier, scenario_name, candidate, assertion_id, record_property)
     check_verdict(qualifier.result(scenario_name), assertion_id, record_property, candidate)

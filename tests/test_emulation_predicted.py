@@ -5,6 +5,8 @@ same start measured, and summary.md and verdicts.json showing both per build and
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -147,3 +149,20 @@ def test_a_parameter_no_place_gives_leaves_the_build_without_figures_naming_it(t
                                         "(looked in the flag --block-size; vllm:cache_config_info{block_size})")
     assert unreadable([record]) == {"prefix-caching": record.unreadable}
     assert request_checks([record], pd.DataFrame(columns=["attempt", "request", "metric", "host", "value"])) == {}
+
+
+def collected(*args: str) -> list[str]:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "qualify", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:xdist", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [line.split("::", 1)[1] for line in proc.stdout.splitlines() if line.startswith("qualify/")]
+
+
+def test_a_runtime_with_an_emulator_has_a_prediction_test_per_scenario_and_build() -> None:
+    names = collected("--hosts", str(EXAMPLE), "--scenario", str(RESEND),
+                      "--candidate", "prefix-caching,prefix-caching-32")
+    assert [n for n in names if n.startswith("test_prediction")] == [
+        "test_prediction[vllm-resend:no-prefix-caching]", "test_prediction[vllm-resend:prefix-caching]",
+        "test_prediction[vllm-resend:prefix-caching-32]"]
+    # the simulated lab's runtime has no emulator: no such test
+    assert not [n for n in collected("--hosts", str(REPO / "hosts.yaml")) if n.startswith("test_prediction")]
