@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -120,6 +121,37 @@ def test_prefix_caching_passes_the_hit_rate_and_prefill_time_gains(tournament: Q
     assert set(samples_of(tournament, "hit_rate", "no-prefix-caching", "A-again")) == {0}
     summary = (tournament.run_dir() / "summary.md").read_text(encoding="utf-8")
     assert "Prefill time" in summary and "Hit rate" in summary and "Evictions" not in summary
+
+
+# the tokens each build's cache serves of a 4,090-token re-send, pinned above and in test_vllm_server.py:
+# 31 whole blocks of 128, 127 of 32, none without caching (a first send is served nothing by any)
+RESENT_CACHED = {"no-prefix-caching": 0, "prefix-caching": 3968, "prefix-caching-32-half-kv": 4064,
+                 "no-prefix-caching-again": 0}
+
+
+def test_each_builds_predicted_hit_rate_is_the_measured_one(tournament: QualifyRun) -> None:
+    """Requests one at a time from a fresh start: the vllm-block emulator is exact, so per build and request
+    the predicted hit rate (from the build's flags and each start's /metrics and log) equals the measured
+    one, in verdicts.json, summary.md and JUnit, and every build's test_prediction passes."""
+    listed = json.loads((tournament.run_dir() / "verdicts.json").read_text(encoding="utf-8"))["predictions"]
+    got = {(c["build"], c["request"]): c for c in listed["vllm-resend"]}
+    summary = (tournament.run_dir() / "summary.md").read_text(encoding="utf-8")
+    cases = tournament.testcases()
+    for build, cached in RESENT_CACHED.items():
+        for request in ("A", "B", "A-again", "B-again"):
+            check = got[(build, request)]
+            expected = cached / 4090 if request.endswith("-again") else 0.0
+            assert check["predicted"] == check["measured"] == expected, check
+            assert check["exact"] and check["tolerance"] == 0 and check["outcome"] == "passed", check
+            assert check["starts"] >= 1 and check["starts_within"] == check["starts"], check
+            shown = f"{100 * expected:.2f} %"
+            assert re.search(rf"^\| `{re.escape(build)}` \| {request} \| {shown} \| {shown} \| (\d+) of \1 \| "
+                             rf"equal \(exact\) \|$", summary, re.M), (build, request)
+        case = cases[f"test_prediction[vllm-resend:{build}]"]
+        assert case.find("failure") is None and case.find("skipped") is None, tournament.output[-3000:]
+    props = {p.get("name"): p.get("value") for p in cases["test_prefix_cache[prefix-caching:hit_rate-gain[A-again]]"]
+             .iter("property")}
+    assert props["predicted_hit_rate"] == props["measured_hit_rate"] == f"{3968 / 4090:.6g}", props
 
 
 def test_the_baseline_against_itself_passes_no_gain(tournament: QualifyRun) -> None:
