@@ -27,7 +27,7 @@ from cache_qualify.report.markdown import estimate, show
 from cache_qualify.report.tables import fmt
 from cache_qualify.report.provenance import provenance
 from cache_qualify.report.render import render_run, verdict_table
-from cache_qualify.report.rundata import load_run, scenario_description
+from cache_qualify.samples.rundata import load_run, scenario_description
 from cache_qualify.samples.records import dump
 from cache_qualify.units import unit
 from cache_qualify.samples.store import OK, START_FAILED, SampleStore, TrialRow, new_attempt
