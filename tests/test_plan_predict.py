@@ -1,4 +1,4 @@
-"""`cache-qualify plan --predict` (cache_qualify.sizing.predicted): a run sized from the cache emulator's
+"""`cache-qualify plan --predict` (cache_qualify.sizing.predictive): a run sized from the cache emulator's
 prediction of each build of examples/vllm.yaml on examples/vllm-resend.yaml's workload, with no pilot, no
 history and no server; the parameters a start alone gives are never guessed."""
 
@@ -16,7 +16,7 @@ from cache_qualify.cli import main
 from cache_qualify.config.command import command_words
 from cache_qualify.config.inventory import load_inventory
 from cache_qualify.config.scenario import load_scenario
-from cache_qualify.sizing.predicted import predict_build
+from cache_qualify.sizing.predictive import predict_build
 from cache_qualify.stats.scenario_assertions import assertions_for
 from cache_qualify.stats.starts import Trials
 from cache_qualify.stats.verdict import VerdictWarning, evaluate
