@@ -128,7 +128,7 @@ def test_the_prediction_holds_for_every_pool_from_the_bound_it_states() -> None:
     argv = command_words(inventory.server.command, list(inventory.build("prefix-caching").flags))
     requests = scenario_requests(load_scenario(RESEND))
     bounded = predict_build(spec, "prefix-caching", argv, requests, given={"block_size": 128})
-    assert bounded.holds == "a pool of at least 64 blocks" and bounded.params["num_gpu_blocks"] == 64
+    assert bounded.holds == "a pool of at least 64 blocks" and bounded.cache.params["num_gpu_blocks"] == 64
     for pool in (64, 65, 1000, 16_384):
         assert predict_build(spec, "b", argv, requests, given={"block_size": 128, "num_gpu_blocks": pool}
                              ).cached_tokens == bounded.cached_tokens == (0, 0, 3968, 3968)
