@@ -92,6 +92,9 @@ def test_bad_cache_params_are_one_line(capsys: pytest.CaptureFixture[str], given
 def test_predict_needs_the_inventory_and_the_scenario(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--predict", "--scenario", RESEND]) == 2
     assert "`--predict` needs the inventory (--hosts PATH" in capsys.readouterr().err
+    assert main(["plan", "--hosts", HOSTS, "--sd", "0.01", "--min-effect", "0.02", "--cache-param", BLOCK_128]) == 2
+    assert (f"--cache-param {BLOCK_128}: emulator parameters are read with --predict only"
+            in capsys.readouterr().err)
 
 
 def test_a_runtime_without_an_emulator_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
