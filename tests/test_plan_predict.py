@@ -19,8 +19,9 @@ from cache_qualify.config.scenario import load_scenario
 from cache_qualify.sizing.predictive import predict_build
 from cache_qualify.stats.scenario_assertions import assertions_for
 from cache_qualify.stats.starts import Trials
-from cache_qualify.stats.verdict import VerdictWarning, evaluate
-from cache_qualify.trials.runner import scenario_requests
+from cache_qualify.stats.verdict import evaluate
+from cache_qualify.stats.verdict_data import VerdictWarning
+from cache_qualify.trials.schedule import scenario_requests
 from tests.support.labfixtures import REPO
 
 HOSTS = str(REPO / "examples" / "vllm.yaml")
