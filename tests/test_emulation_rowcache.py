@@ -1,4 +1,4 @@
-"""The simulated lab's RowCache predicted beside measured (`flare-rowcache`, cache_qualify.sim.predicted): each
+"""The simulated lab's RowCache predicted beside measured (`flare-rowcache`, cache_qualify.sim.flare_emulator): each
 start's row lookups and hits replayed under the policy, cache size and tensor-parallel size its build's command
 claims, held within 1.5 points (the RowCache study's) of the hit rates the lab measured, and a build whose
 server runs another policy than its flags claim caught by its test_prediction."""
