@@ -22,7 +22,7 @@ from cache_qualify.stats.starts import Trials
 from cache_qualify.stats.verdict import evaluate
 from cache_qualify.stats.verdict_data import VerdictWarning
 from cache_qualify.trials.schedule import scenario_requests
-from tests.support.labfixtures import REPO
+from tests.support.labfixtures import REPO, edited, write_file, write_inventory
 
 HOSTS = str(REPO / "examples" / "vllm.yaml")
 RESEND = str(REPO / "examples" / "vllm-resend.yaml")
@@ -98,8 +98,13 @@ def test_predict_needs_the_inventory_and_the_scenario(capsys: pytest.CaptureFixt
             in capsys.readouterr().err)
 
 
-def test_a_runtime_without_an_emulator_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "--predict", "--hosts", str(REPO / "hosts.yaml"), "--scenario", "reread-1g"]) == 2
+def test_a_runtime_without_an_emulator_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the simulated lab's flare profile without its `emulator:` section
+    profile = (REPO / "fixtures" / "cache_qualify" / "config" / "runtimes" / "flare.yaml").read_text()
+    plain = write_file(tmp_path, edited(profile.split("\nemulator:", 1)[0] + "\n", "runtime: flare", "runtime: flare-plain"),
+                       "flare-plain.yaml")
+    hosts = write_inventory(tmp_path, server={"runtime": str(plain)})
+    assert main(["plan", "--predict", "--hosts", str(hosts), "--scenario", "reread-1g"]) == 2
     assert "profile names no cache emulator (`emulator:`): nothing to predict" in capsys.readouterr().err
 
 
