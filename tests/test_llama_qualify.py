@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -84,8 +85,15 @@ def samples_of(run: QualifyRun, metric: str, build: str) -> list[float]:
                 if r["metric"] == metric and r["build"] == build and r["host"] == "all"]
 
 
-def test_a_host_memory_prompt_cache_passes_on_exact_re_sends(inventory: Inventory, tmp_path: Path) -> None:
-    run = qualify(inventory(), tmp_path, RESEND, *ROOM_TO_DECIDE)
+@pytest.fixture(scope="module")
+def resend(binary: Path, model: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> QualifyRun:
+    """examples/llama-cpp-resend.yaml as committed: --cache-ram 0 against --cache-ram 8192, run once."""
+    folder = tmp_path_factory.mktemp("llama-resend")
+    return qualify(example_inventory(binary, model, folder), folder, RESEND, *ROOM_TO_DECIDE)
+
+
+def test_a_host_memory_prompt_cache_passes_on_exact_re_sends(resend: QualifyRun) -> None:
+    run = resend
     assert run.returncode == 0, run.output
     seen = outcomes(run)
     for gain in ("hit_rate-gain[A-again]", "hit_rate-gain[B-again]", "prompt_time-gain[A-again]",
@@ -101,6 +109,38 @@ def test_a_host_memory_prompt_cache_passes_on_exact_re_sends(inventory: Inventor
     for absent in ("Evictions", "Refused inserts", "Readiness wait"):
         assert absent not in summary, absent
     assert "Prompt time" in summary and "Hit rate" in summary
+
+
+# per request, the cached tokens of one start of each --cache-ram size: a re-send that the slot no longer
+# holds is served from the host cache (all but its last token) only where the cache is on
+RESENT_CACHED = {"no-ram-cache": 0, "ram-cache": 4_999}
+
+
+def test_each_cache_ram_sizes_predicted_hit_rate_is_the_measured_one(resend: QualifyRun) -> None:
+    """One request at a time from a fresh start the llama-slot emulator is exact: per build (--cache-ram 0 and
+    8192) and request, the hit rate predicted from the build's flags and the start's log (n_ctx_slot, a saved
+    prompt's state size) equals the measured one, in verdicts.json and summary.md, and test_prediction passes."""
+    listed = json.loads((resend.run_dir() / "verdicts.json").read_text(encoding="utf-8"))["predictions"]
+    got = {(c["build"], c["request"]): c for c in listed["llama-cpp-resend"]}
+    summary = (resend.run_dir() / "summary.md").read_text(encoding="utf-8")
+    cases = resend.testcases()
+    for build, cached in RESENT_CACHED.items():
+        for request in ("A", "B", "A-again", "B-again"):
+            check = got[(build, request)]
+            expected = cached / 5000 if request.endswith("-again") else 0.0
+            assert check["predicted"] == check["measured"] == expected, check
+            assert check["exact"] and check["tolerance"] == 0 and check["outcome"] == "passed", check
+            assert check["starts"] >= 4 and check["starts_within"] == check["starts"], check
+            shown = f"{100 * expected:.2f} %"
+            assert re.search(rf"^\| `{re.escape(build)}` \| {request} \| {shown} \| {shown} \| (\d+) of \1 \| "
+                             rf"equal \(exact\) \|$", summary, re.M), (build, request)
+        case = cases[f"test_prediction[llama-cpp-resend:{build}]"]
+        assert case.find("failure") is None and case.find("skipped") is None, resend.output[-3000:]
+    records = json.loads((resend.run_dir() / "predicted-llama-cpp-resend.json").read_text(encoding="utf-8"))
+    params = {r["build"]: r["params"] for r in records}
+    assert params["no-ram-cache"]["cache_ram_mib"] == 0 and params["ram-cache"]["cache_ram_mib"] == 8192
+    # the tiny model's state, read from the start's log: 0.668 MiB for a 5,000-token prompt
+    assert params["ram-cache"]["state_bytes_per_token"] == 140 and params["ram-cache"]["n_ctx"] == 8192
 
 
 def test_reuse_by_kv_shifting_passes_on_re_reads_that_drop_their_first_tokens(inventory: Inventory,
