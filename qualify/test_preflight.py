@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from cache_qualify.config.inventory import Host
-from cache_qualify.emulation.preflight import check_emulator
+from cache_qualify.emulation.readable import check_emulator
 from cache_qualify.errors import QualifyError
 from cache_qualify.lab import preflight
 from cache_qualify.lab.transport import Transport
