@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
-from tests.support.examples import adapt_example, outcomes, ssh_edits
+from tests.support.examples import adapt_example, assert_predicted_is_measured, outcomes, ssh_edits
 from tests.support.labfixtures import REPO, QualifyRun, run_qualify
 from tests.support.llama_server import llama_server_binary
 from tests.support.tiny_model import TinyModel, make_tiny_model
@@ -120,22 +119,8 @@ def test_each_cache_ram_sizes_predicted_hit_rate_is_the_measured_one(resend: Qua
     """One request at a time from a fresh start the llama-slot emulator is exact: per build (--cache-ram 0 and
     8192) and request, the hit rate predicted from the build's flags and the start's log (n_ctx_slot, a saved
     prompt's state size) equals the measured one, in verdicts.json and summary.md, and test_prediction passes."""
-    listed = json.loads((resend.run_dir() / "verdicts.json").read_text(encoding="utf-8"))["predictions"]
-    got = {(c["build"], c["request"]): c for c in listed["llama-cpp-resend"]}
-    summary = (resend.run_dir() / "summary.md").read_text(encoding="utf-8")
-    cases = resend.testcases()
-    for build, cached in RESENT_CACHED.items():
-        for request in ("A", "B", "A-again", "B-again"):
-            check = got[(build, request)]
-            expected = cached / 5000 if request.endswith("-again") else 0.0
-            assert check["predicted"] == check["measured"] == expected, check
-            assert check["exact"] and check["tolerance"] == 0 and check["outcome"] == "passed", check
-            assert check["starts"] >= 4 and check["starts_within"] == check["starts"], check
-            shown = f"{100 * expected:.2f} %"
-            assert re.search(rf"^\| `{re.escape(build)}` \| {request} \| {shown} \| {shown} \| (\d+) of \1 \| "
-                             rf"equal \(exact\) \|$", summary, re.M), (build, request)
-        case = cases[f"test_prediction[llama-cpp-resend:{build}]"]
-        assert case.find("failure") is None and case.find("skipped") is None, resend.output[-3000:]
+    assert_predicted_is_measured(resend, "llama-cpp-resend", {b: n / 5000 for b, n in RESENT_CACHED.items()},
+                                 min_starts=4)
     records = json.loads((resend.run_dir() / "predicted-llama-cpp-resend.json").read_text(encoding="utf-8"))
     params = {r["build"]: r["params"] for r in records}
     assert params["no-ram-cache"]["cache_ram_mib"] == 0 and params["ram-cache"]["cache_ram_mib"] == 8192
