@@ -40,7 +40,7 @@ def read(runtime: str, argv: tuple[str, ...], log: str) -> BuildCache:
 def test_llama_server_s_defaults_fill_what_its_flags_leave_out_and_the_log_gives_the_rest() -> None:
     cache = read("llama-cpp", ("llama-server", "-np", "1"), LLAMA_LOG)
     assert cache.params == {"n_ctx": 8192, "cache_ram_mib": 8192, "slot_prompt_similarity": 0.1,
-                            "cache_prompt": True, "state_bytes_per_token": 140}
+                            "cache_prompt": True, "cache_reuse": 0, "state_bytes_per_token": 140}
     assert cache.origins["cache_ram_mib"] == "the default 8192 (the flag --cache-ram gives none)"
     assert cache.origins["state_bytes_per_token"] == ("the log's 'saving prompt with length 5000, total state "
                                                       "size = 0.668 MiB'")
@@ -108,3 +108,11 @@ def test_a_default_on_a_metric_is_refused() -> None:
     with pytest.raises(ValueError, match=r"`default` belongs to a `switch`, `flag` or `log`"):
         EmulatorSource.model_validate({"name": "vllm-block", "parameters": {
             "block_size": [{"metric": "vllm:cache_config_info", "label": "block_size", "default": 16}]}})
+
+
+def test_a_build_reusing_chunks_by_kv_shifting_is_not_predicted_saying_why() -> None:
+    record = predict_start(spec("llama-cpp"), StartFacts(("--cache-reuse", "256"), log=LLAMA_LOG),
+                           [Request("A", tokens=np.arange(3, 103))], build="cache-reuse", trial=0, attempt="a")
+    assert record.cached_tokens == () and record.unreadable == (
+        "build cache-reuse: emulator llama-slot: parameter `cache_reuse` 256 (the reuse of cached chunks by KV "
+        "shifting) is not modelled; only 0 (off) is"), record.unreadable
