@@ -11,7 +11,8 @@ import pytest
 from cache_qualify.config.emulated import EmulatorSource
 from cache_qualify.config.profiles import load_profile
 from cache_qualify.emulation.predicted import predict_start
-from cache_qualify.emulation.sources import BuildCache, StartFacts, Unreadable, read_before_start, read_build
+from cache_qualify.emulation.sources import (BuildCache, StartFacts, Unreadable, read_before_start, read_build,
+                                             read_some)
 from cache_qualify.trials.workload import Request
 
 # llama-server at -lv 4: the slot's context at start, the first prompt saved to the host cache
@@ -116,3 +117,9 @@ def test_a_build_reusing_chunks_by_kv_shifting_is_not_predicted_saying_why() -> 
     assert record.cached_tokens == () and record.unreadable == (
         "build cache-reuse: emulator llama-slot: parameter `cache_reuse` 256 (the reuse of cached chunks by KV "
         "shifting) is not modelled; only 0 (off) is"), record.unreadable
+
+
+def test_before_any_start_a_log_s_default_is_not_taken() -> None:
+    """Without a start's log the state size is unknown, not 0: plan --predict asks for it."""
+    params, _, missing = read_some(spec("llama-cpp"), StartFacts(("--cache-ram", "8192")))
+    assert params["cache_ram_mib"] == 8192 and set(missing) == {"n_ctx", "state_bytes_per_token"}, missing
