@@ -1,16 +1,19 @@
 """Preflight: the runner's SSH key exists; every build's command line has the flags its runtime's
-cached-tokens field needs; every host reachable with a known key, the drop works
-without a password, both builds present, the rank's HTTP port reachable over its route and free,
-clocks in step. One test per host (its name in the id). They run first, before any server of the run
+cached-tokens field needs and gives its cache emulator's parameters that no start can; every host
+reachable with a known key, the drop works without a password, both builds present, the rank's HTTP
+port reachable over its route and free, clocks in step. One test per host (its name in the id). They run first, before any server of the run
 is up, under pytest-xdist too; a failure stops every scenario before lab time; `--preflight-only` runs
 only these. A host that cannot be reached fails once (`test_reachable`); its other checks are skipped
 rather than failing alike."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from cache_qualify.config.inventory import Host
+from cache_qualify.emulation.readable import check_emulator
 from cache_qualify.errors import QualifyError
 from cache_qualify.lab import preflight
 from cache_qualify.lab.transport import Transport
@@ -24,10 +27,14 @@ def test_ssh_identity(qualify_state: QualifyState) -> None:
     preflight.check_ssh_identity(qualify_state.inventory)
 
 
-def test_build_flags(qualify_state: QualifyState) -> None:
+def test_build_flags(qualify_state: QualifyState, record_property: Callable[[str, object], None]) -> None:
     """Every build's command line holds the flags the runtime's cached-tokens field needs (a server
-    started without them leaves the field out, which reads as nothing cached)."""
-    preflight.check_flags(qualify_state.inventory, list(qualify_state.setup.resolved.values()))
+    started without them leaves the field out, which reads as nothing cached), and gives every parameter
+    of the cache's emulator that no start can (the parameters a start gives are recorded as read after it)."""
+    scenarios = list(qualify_state.setup.resolved.values())
+    preflight.check_flags(qualify_state.inventory, scenarios)
+    for line in check_emulator(qualify_state.inventory, scenarios):
+        record_property("emulator_after_start", line)
 
 
 def test_reachable(connection: tuple[Transport, QualifyError | None]) -> None:

@@ -113,3 +113,59 @@ def test_the_real_preflight_names_the_build_and_the_flag_in_one_line(tmp_path: P
     report = failed(run, "test_build_flags").splitlines()
     assert report[0].startswith(f"Failed: ConfigError: {path}: server.command: builds "), report[0]
     assert f"ConfigError: {missing_flag_line(path)}" in report, report
+
+
+# --- the parameters of the runtime's cache emulator (`emulator:` of the profile) --------------------
+
+LLAMA_EXAMPLE, LLAMA_RESEND = REPO / "examples" / "llama-cpp.yaml", REPO / "examples" / "llama-cpp-resend.yaml"
+LLAMA_PROFILE = REPO / "fixtures" / "cache_qualify" / "config" / "runtimes" / "llama-cpp.yaml"
+
+
+def llama_example(folder: Path, **edits: Any) -> Path:
+    """examples/llama-cpp.yaml adapted as a lab runner would (no server starts in a preflight: this python
+    stands for the binary, an empty file for the model)."""
+    model = folder / "model.gguf"
+    model.write_bytes(b"GGUF")
+    return adapt_example(LLAMA_EXAMPLE, folder, program=("/opt/llama.cpp/build/bin/llama-server", Path(sys.executable)),
+                         model=("/srv/models/model.gguf", model), **edits)
+
+
+def preflight(inventory: Path, folder: Path, *args: str) -> Any:
+    return run_qualify(inventory, folder / "reports", "--scenario", str(LLAMA_RESEND), "--preflight-only",
+                       "--junitxml", str(folder / "junit.xml"), *args)
+
+
+@pytest.mark.slow
+def test_the_real_preflight_refuses_a_parameter_no_place_gives_naming_build_parameter_and_places(
+        tmp_path: Path) -> None:
+    """A lab's own llama-server profile that reads --cache-ram from the flag alone (no default: a release whose
+    default it does not know): a candidate started without the flag is refused in one line by test_build_flags,
+    before any server starts; the baseline, which gives it, is not named."""
+    profile = tmp_path / "llama-lab.yaml"
+    shipped = LLAMA_PROFILE.read_text(encoding="utf-8").replace("runtime: llama-cpp", "runtime: llama-lab")
+    assert "{flag: --cache-ram, default: 8192}" in shipped
+    profile.write_text(shipped.replace("{flag: --cache-ram, default: 8192}", "{flag: --cache-ram}"), encoding="utf-8")
+    path = llama_example(tmp_path)
+    path.write_text(path.read_text(encoding="utf-8").replace("runtime: llama-cpp", f"runtime: {profile}"),
+                    encoding="utf-8")
+    run = preflight(path, tmp_path, "--baseline", "no-ram-cache", "--candidate", "one-slot")
+    assert run.returncode == 1, run.output[-4000:]
+    assert sorted(failures(run)) == ["test_build_flags"], run.output[-4000:]
+    line = (f"ConfigError: {path}: builds.one-slot.flags: build one-slot: the llama-slot emulator's `cache_ram_mib` "
+            f"cannot be read: its command line gives none of the flag -cram; the flag --cache-ram, and no start can; "
+            f"give it in the build's flags")
+    assert line in failed(run, "test_build_flags").splitlines(), failed(run, "test_build_flags")
+
+
+@pytest.mark.slow
+def test_the_real_preflight_lists_the_parameters_only_a_start_gives(tmp_path: Path) -> None:
+    """The shipped llama-cpp profile on examples/llama-cpp.yaml: every flag-read parameter is given (the flag or
+    llama.cpp's default), so test_build_flags passes and records, per build, what is read after the start."""
+    run = preflight(llama_example(tmp_path), tmp_path)
+    assert run.returncode == 0, run.output[-4000:]
+    case = run.testcases()["test_build_flags"]
+    listed = [p.get("value") for p in case.iter("property") if p.get("name") == "emulator_after_start"]
+    later = ("read after the start: `n_ctx` from the start's log ('n_ctx_slot = (\\\\d+)'), `state_bytes_per_token` "
+             "from the start's log ('saving prompt with length (?P<per>\\\\d+), total state size = "
+             "(?P<value>[\\\\d.]+) MiB')")
+    assert listed == [f"build no-ram-cache: {later}", f"build ram-cache: {later}"], listed

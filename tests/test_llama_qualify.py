@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
-from tests.support.examples import adapt_example, outcomes, ssh_edits
+from tests.support.examples import adapt_example, assert_predicted_is_measured, outcomes, ssh_edits
+from tests.support.labfaults import skipped
 from tests.support.labfixtures import REPO, QualifyRun, run_qualify
 from tests.support.llama_server import llama_server_binary
 from tests.support.tiny_model import TinyModel, make_tiny_model
@@ -84,8 +85,15 @@ def samples_of(run: QualifyRun, metric: str, build: str) -> list[float]:
                 if r["metric"] == metric and r["build"] == build and r["host"] == "all"]
 
 
-def test_a_host_memory_prompt_cache_passes_on_exact_re_sends(inventory: Inventory, tmp_path: Path) -> None:
-    run = qualify(inventory(), tmp_path, RESEND, *ROOM_TO_DECIDE)
+@pytest.fixture(scope="module")
+def resend(binary: Path, model: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> QualifyRun:
+    """examples/llama-cpp-resend.yaml as committed: --cache-ram 0 against --cache-ram 8192, run once."""
+    folder = tmp_path_factory.mktemp("llama-resend")
+    return qualify(example_inventory(binary, model, folder), folder, RESEND, *ROOM_TO_DECIDE)
+
+
+def test_a_host_memory_prompt_cache_passes_on_exact_re_sends(resend: QualifyRun) -> None:
+    run = resend
     assert run.returncode == 0, run.output
     seen = outcomes(run)
     for gain in ("hit_rate-gain[A-again]", "hit_rate-gain[B-again]", "prompt_time-gain[A-again]",
@@ -103,6 +111,24 @@ def test_a_host_memory_prompt_cache_passes_on_exact_re_sends(inventory: Inventor
     assert "Prompt time" in summary and "Hit rate" in summary
 
 
+# per request, the cached tokens of one start of each --cache-ram size: a re-send that the slot no longer
+# holds is served from the host cache (all but its last token) only where the cache is on
+RESENT_CACHED = {"no-ram-cache": 0, "ram-cache": 4_999}
+
+
+def test_each_cache_ram_sizes_predicted_hit_rate_is_the_measured_one(resend: QualifyRun) -> None:
+    """One request at a time from a fresh start the llama-slot emulator is exact: per build (--cache-ram 0 and
+    8192) and request, the hit rate predicted from the build's flags and the start's log (n_ctx_slot, a saved
+    prompt's state size) equals the measured one, in verdicts.json and summary.md, and test_prediction passes."""
+    assert_predicted_is_measured(resend, "llama-cpp-resend", {b: n / 5000 for b, n in RESENT_CACHED.items()},
+                                 min_starts=4)
+    records = json.loads((resend.run_dir() / "predicted-llama-cpp-resend.json").read_text(encoding="utf-8"))
+    params = {r["build"]: r["params"] for r in records}
+    assert params["no-ram-cache"]["cache_ram_mib"] == 0 and params["ram-cache"]["cache_ram_mib"] == 8192
+    # the tiny model's state, read from the start's log: 0.668 MiB for a 5,000-token prompt
+    assert params["ram-cache"]["state_bytes_per_token"] == 140 and params["ram-cache"]["n_ctx"] == 8192
+
+
 def test_reuse_by_kv_shifting_passes_on_re_reads_that_drop_their_first_tokens(inventory: Inventory,
                                                                              tmp_path: Path) -> None:
     run = qualify(inventory(), tmp_path, SHIFTED, "--baseline", "one-slot", "--candidate", "cache-reuse",
@@ -112,6 +138,10 @@ def test_reuse_by_kv_shifting_passes_on_re_reads_that_drop_their_first_tokens(in
     assert seen["test_prompt_cache[hit_rate-gain[A-shifted]]"] == "passed"
     assert seen["test_prompt_cache[prompt_time-gain[B-shifted]]"] == "passed"
     assert max(samples_of(run, "cached_tokens", "cache-reuse")) == 4_983   # 5,000 - 16 - the last one
+    # the emulator has no KV shifting: the slot alone is predicted, the shifting build is not, saying why
+    assert seen["test_prediction[llama-cpp-shifted:one-slot]"] == "passed"
+    reason = skipped(run)["test_prediction[llama-cpp-shifted:cache-reuse]"]
+    assert "`cache_reuse` 256 (the reuse of cached chunks by KV shifting) is not modelled" in reason, reason
 
 
 def test_the_mooncake_slice_with_two_clients_decides_the_host_memory_cache_s_size(inventory: Inventory,

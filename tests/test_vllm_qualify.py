@@ -16,14 +16,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.support.examples import adapt_example, outcomes, ssh_edits
+from tests.support.examples import adapt_example, assert_predicted_is_measured, outcomes, ssh_edits
 from tests.support.labfixtures import REPO, QualifyRun, run_qualify
 from tests.support.vllm_server import vllm  # noqa: F401  (the fixture)
 
@@ -133,22 +132,8 @@ def test_each_builds_predicted_hit_rate_is_the_measured_one(tournament: QualifyR
     """Requests one at a time from a fresh start: the vllm-block emulator is exact, so per build and request
     the predicted hit rate (from the build's flags and each start's /metrics and log) equals the measured
     one, in verdicts.json, summary.md and JUnit, and every build's test_prediction passes."""
-    listed = json.loads((tournament.run_dir() / "verdicts.json").read_text(encoding="utf-8"))["predictions"]
-    got = {(c["build"], c["request"]): c for c in listed["vllm-resend"]}
-    summary = (tournament.run_dir() / "summary.md").read_text(encoding="utf-8")
+    assert_predicted_is_measured(tournament, "vllm-resend", {b: n / 4090 for b, n in RESENT_CACHED.items()})
     cases = tournament.testcases()
-    for build, cached in RESENT_CACHED.items():
-        for request in ("A", "B", "A-again", "B-again"):
-            check = got[(build, request)]
-            expected = cached / 4090 if request.endswith("-again") else 0.0
-            assert check["predicted"] == check["measured"] == expected, check
-            assert check["exact"] and check["tolerance"] == 0 and check["outcome"] == "passed", check
-            assert check["starts"] >= 1 and check["starts_within"] == check["starts"], check
-            shown = f"{100 * expected:.2f} %"
-            assert re.search(rf"^\| `{re.escape(build)}` \| {request} \| {shown} \| {shown} \| (\d+) of \1 \| "
-                             rf"equal \(exact\) \|$", summary, re.M), (build, request)
-        case = cases[f"test_prediction[vllm-resend:{build}]"]
-        assert case.find("failure") is None and case.find("skipped") is None, tournament.output[-3000:]
     props = {p.get("name"): p.get("value") for p in cases["test_prefix_cache[prefix-caching:hit_rate-gain[A-again]]"]
              .iter("property")}
     assert props["predicted_hit_rate"] == props["measured_hit_rate"] == f"{3968 / 4090:.6g}", props

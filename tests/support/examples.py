@@ -3,11 +3,14 @@
 `adapt_example` puts the test's server program and model in place of the example's paths, a free
 port, a run folder under the test's, the test's host edits (an sshd's address) and builds;
 `outcomes` reads each test case's outcome from a run's JUnit file; `ssh_edits` are the host and
-`ssh:` settings that reach a real sshd with a strict known_hosts.
+`ssh:` settings that reach a real sshd with a strict known_hosts; `assert_predicted_is_measured` holds
+a real run's predicted hit rates to its measured ones.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,6 +64,29 @@ def outcomes(run: QualifyRun) -> dict[str, str]:
         failed = case.find("failure") is not None or case.find("error") is not None
         result[name] = "failed" if failed else "skipped" if case.find("skipped") is not None else "passed"
     return result
+
+
+def assert_predicted_is_measured(run: QualifyRun, scenario: str, resent: Mapping[str, float], *,
+                                 min_starts: int = 1) -> None:
+    """Per build and request of A, B, A-again, B-again (exact re-sends), the predicted hit rate equals the
+    measured one (0 on a first send, the build's `resent` rate on a re-send) and is exact, in verdicts.json
+    and summary.md, every start within; and every build's test_prediction passes."""
+    listed = json.loads((run.run_dir() / "verdicts.json").read_text(encoding="utf-8"))["predictions"]
+    got = {(c["build"], c["request"]): c for c in listed[scenario]}
+    summary = (run.run_dir() / "summary.md").read_text(encoding="utf-8")
+    cases = run.testcases()
+    for build, rate in resent.items():
+        for request in ("A", "B", "A-again", "B-again"):
+            check = got[(build, request)]
+            expected = rate if request.endswith("-again") else 0.0
+            assert check["predicted"] == check["measured"] == expected, check
+            assert check["exact"] and check["tolerance"] == 0 and check["outcome"] == "passed", check
+            assert check["starts"] >= min_starts and check["starts_within"] == check["starts"], check
+            shown = f"{100 * expected:.2f} %"
+            assert re.search(rf"^\| `{re.escape(build)}` \| {request} \| {shown} \| {shown} \| (\d+) of \1 \| "
+                             rf"equal \(exact\) \|$", summary, re.M), (build, request)
+        case = cases[f"test_prediction[{scenario}:{build}]"]
+        assert case.find("failure") is None and case.find("skipped") is None, run.output[-3000:]
 
 
 def ssh_edits(sshd_lab: SshdLab, sshd_host: SshdInstance, folder: Path) -> dict[str, Any]:

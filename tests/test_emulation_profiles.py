@@ -1,0 +1,125 @@
+"""The `emulator:` sections of the llama-cpp and sglang profiles read each parameter from the places their
+runtime really gives it (cache_qualify.emulation.sources), on log lines as llama-server 0.3.36 printed them
+(tests/test_llama_emulator.py reads a live one) and as SGLang 0.5.23's source formats them; and what the
+preflight can say of a build from its command line alone (`read_before_start`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cache_qualify.config.emulated import EmulatorSource
+from cache_qualify.config.profiles import load_profile
+from cache_qualify.emulation.predicted import predict_start
+from cache_qualify.emulation.sources import (BuildCache, StartFacts, Unreadable, read_before_start, read_build,
+                                             read_some)
+from cache_qualify.trials.workload import Request
+
+# llama-server at -lv 4: the slot's context at start, the first prompt saved to the host cache
+LLAMA_LOG = ("0.00.987.500 I srv    load_model: initializing, n_slots = 1, n_ctx_slot = 8192, kv_unified = 'false'\n"
+             "0.01.566.782 I srv   prompt_save:  - saving prompt with length 5000, total state size = 0.668 MiB "
+             "(draft: 0.000 MiB)\n")
+# SGLang: entrypoints/engine.py:311 (ServerArgs.resolved_dict) and managers/scheduler.py:1269
+SGLANG_LOG = ("[2026-12-01 10:00:00] server_args={'model_path': 'm', 'schedule': {'page_size': 16, 'c128_page_size': "
+              "16, 'max_total_tokens': None}, 'memory': {'radix_eviction_policy': 'lfu', 'disable_radix_cache': "
+              "False}}\n[2026-12-01 10:00:09 TP0] max_total_num_tokens=123456, chunked_prefill_size=8192, "
+              "max_prefill_tokens=16384, max_running_requests=2048, context_len=32768, available_gpu_mem=10.00 GB\n")
+
+
+def spec(runtime: str) -> EmulatorSource:
+    found = load_profile(runtime).emulator
+    assert found is not None
+    return found
+
+
+def read(runtime: str, argv: tuple[str, ...], log: str) -> BuildCache:
+    cache = read_build("b", spec(runtime), StartFacts(argv, log=log))
+    assert isinstance(cache, BuildCache), cache
+    return cache
+
+
+def test_llama_server_s_defaults_fill_what_its_flags_leave_out_and_the_log_gives_the_rest() -> None:
+    cache = read("llama-cpp", ("llama-server", "-np", "1"), LLAMA_LOG)
+    assert cache.params == {"n_ctx": 8192, "cache_ram_mib": 8192, "slot_prompt_similarity": 0.1,
+                            "cache_prompt": True, "cache_reuse": 0, "state_bytes_per_token": 140}
+    assert cache.origins["cache_ram_mib"] == "the runtime's default 8192 (no --cache-ram)"
+    assert cache.origins["state_bytes_per_token"] == ("the log's 'saving prompt with length 5000, total state "
+                                                      "size = 0.668 MiB'")
+
+
+def test_llama_server_s_flags_win_over_its_defaults() -> None:
+    cache = read("llama-cpp", ("-cram", "2", "-sps", "0.5", "--no-cache-prompt"), LLAMA_LOG)
+    assert (cache.params["cache_ram_mib"], cache.params["slot_prompt_similarity"], cache.params["cache_prompt"]) \
+        == (2, 0.5, False)
+    assert read("llama-cpp", ("--cache-ram=-1",), LLAMA_LOG).params["cache_ram_mib"] == -1   # no limit
+
+
+def test_a_host_cache_without_a_saved_state_in_the_log_is_not_predicted_naming_the_parameter() -> None:
+    """At the default verbosity llama-server never prints a state's size: 0, which the emulator refuses
+    where the host cache is on (no guessed size); with the cache off it is not needed."""
+    plain = LLAMA_LOG.splitlines()[0]
+    request = Request("A", tokens=np.arange(3, 103))
+    record = predict_start(spec("llama-cpp"), StartFacts(("--cache-ram", "8192"), log=plain), [request],
+                           build="ram-cache", trial=0, attempt="a")
+    assert record.cached_tokens == () and "state_bytes_per_token" in record.unreadable, record
+    off = predict_start(spec("llama-cpp"), StartFacts(("--cache-ram", "0"), log=plain), [request],
+                        build="no-ram-cache", trial=0, attempt="a")
+    assert off.unreadable == "" and off.cached_tokens == (0,)
+
+
+def test_sglang_reads_its_resolved_arguments_before_its_flags() -> None:
+    cache = read("sglang", ("--page-size", "32", "--radix-eviction-policy", "lru"), SGLANG_LOG)
+    assert cache.params == {"page_size": 16, "max_total_num_tokens": 123456, "eviction_policy": "lfu",
+                            "radix_cache": True}
+    assert cache.origins["radix_cache"] == "not the log's \"'disable_radix_cache': False\""
+    off = read("sglang", (), SGLANG_LOG.replace("'disable_radix_cache': False", "'disable_radix_cache': True"))
+    assert off.params["radix_cache"] is False
+
+
+def test_sglang_s_flags_serve_where_the_arguments_line_is_missing() -> None:
+    pool = SGLANG_LOG.splitlines()[1] + "\n'disable_radix_cache': False"
+    cache = read("sglang", ("--page-size", "32"), pool)
+    assert (cache.params["page_size"], cache.params["eviction_policy"]) == (32, "lru")
+    missing = read_build("b", spec("sglang"), StartFacts((), log=pool))
+    assert isinstance(missing, Unreadable) and missing.parameter == "page_size", missing
+
+
+@pytest.mark.parametrize(("runtime", "argv", "after"), [
+    ("llama-cpp", ("--cache-ram", "0"), ["n_ctx", "state_bytes_per_token"]),
+    # the resolved arguments' line comes before the flags: what the server resolved is what is read
+    ("sglang", ("--page-size", "16"), ["page_size", "max_total_num_tokens", "eviction_policy", "radix_cache"]),
+    ("vllm", ("--block-size", "16"), ["num_gpu_blocks"]),
+])
+def test_the_preflight_lists_what_only_a_start_gives(runtime: str, argv: tuple[str, ...], after: list[str]) -> None:
+    refused, later = read_before_start("b", spec(runtime), argv)
+    assert refused == [] and [line.split("`")[1] for line in later] == after, later
+
+
+def test_the_preflight_refuses_a_flag_only_parameter_whose_flag_is_absent() -> None:
+    flag_only = EmulatorSource.model_validate({"name": "llama-slot", "parameters": {
+        "n_ctx": [{"log": r"n_ctx_slot = (\d+)"}], "cache_ram_mib": [{"flag": "-cram"}, {"flag": "--cache-ram"}]}})
+    refused, later = read_before_start("one-slot", flag_only, ("llama-server", "-np", "1"))
+    assert [r.line for r in refused] == ["build one-slot: the llama-slot emulator's `cache_ram_mib` cannot be read: "
+                                         "its command line gives none of the flag -cram; the flag --cache-ram, "
+                                         "and no start can"]
+    assert read_before_start("b", flag_only, ("--cache-ram", "0")) == ([], later)
+
+
+def test_a_default_on_a_metric_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"`default` belongs to a `switch`, `flag` or `log`"):
+        EmulatorSource.model_validate({"name": "vllm-block", "parameters": {
+            "block_size": [{"metric": "vllm:cache_config_info", "label": "block_size", "default": 16}]}})
+
+
+def test_a_build_reusing_chunks_by_kv_shifting_is_not_predicted_saying_why() -> None:
+    record = predict_start(spec("llama-cpp"), StartFacts(("--cache-reuse", "256"), log=LLAMA_LOG),
+                           [Request("A", tokens=np.arange(3, 103))], build="cache-reuse", trial=0, attempt="a")
+    assert record.cached_tokens == () and record.unreadable == (
+        "build cache-reuse: emulator llama-slot: parameter `cache_reuse` 256 (the reuse of cached chunks by KV "
+        "shifting) is not modelled; only 0 (off) is"), record.unreadable
+
+
+def test_before_any_start_a_log_s_default_is_not_taken() -> None:
+    """Without a start's log the state size is unknown, not 0: plan --predict asks for it."""
+    params, _, missing = read_some(spec("llama-cpp"), StartFacts(("--cache-ram", "8192")))
+    assert params["cache_ram_mib"] == 8192 and set(missing) == {"n_ctx", "state_bytes_per_token"}, missing

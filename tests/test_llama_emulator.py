@@ -1,0 +1,48 @@
+"""The llama-slot emulator against the real llama-server, under the parameters the shipped runtime profile
+reads (`emulator:` of llama-cpp.yaml) from the server's own command line and log: --cache-ram of a size
+that holds one saved 5,000-token prompt of the tiny model (1 MiB: its state is 0.668 MiB) and of one that
+holds two (2 MiB), so the prediction turns on the state size the log gives, not on the flag alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from cache_qualify.config.profiles import load_profile
+from cache_qualify.emulation.model import Prompts
+from cache_qualify.emulation.registry import predict
+from cache_qualify.emulation.sources import BuildCache, StartFacts, read_build
+from tests.support.llama_server import llama_server_binary, running_llama_server
+from tests.support.tiny_model import TinyModel, make_tiny_model
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    return make_tiny_model(tmp_path_factory.mktemp("llama-model"))
+
+
+@pytest.mark.parametrize(("cache_ram", "cached"), [("1", [0, 0, 0, 0]), ("2", [0, 0, 4_999, 4_999])])
+def test_the_parameters_the_profile_reads_predict_what_the_real_server_serves(
+        model: TinyModel, tmp_path: Path, cache_ram: str, cached: list[int]) -> None:
+    rng = np.random.default_rng(30)
+    a, b = ([int(t) for t in rng.integers(model.first_id, model.last_id + 1, 5_000)] for _ in range(2))
+    flags = ["-np", "1", "-t", "1", "-lv", "4", "--cache-ram", cache_ram]
+    binary = llama_server_binary()
+    with running_llama_server(binary, model.path, tmp_path / "server.log", flags) as server, \
+            httpx.Client(base_url=server.base_url, timeout=60) as client:
+        measured = [client.post("/v1/completions", json={"prompt": p, "max_tokens": 1}).json()
+                    ["usage"]["prompt_tokens_details"]["cached_tokens"] for p in (a, b, a, b)]
+    spec = load_profile("llama-cpp").emulator
+    assert spec is not None
+    cache = read_build("real", spec, StartFacts((str(binary), "-m", str(model.path), *flags), log=server.log()))
+    assert isinstance(cache, BuildCache), cache
+    # the state read from "saving prompt with length 5000, total state size = 0.668 MiB" (700,048 bytes)
+    assert (cache.params["n_ctx"], cache.params["cache_ram_mib"], cache.params["state_bytes_per_token"]) == \
+        (8_192, int(cache_ram), 140)
+    predicted = predict(cache.emulator, cache.params, Prompts.of([a, b, a, b])).cached_tokens.tolist()
+    assert predicted == measured == cached
