@@ -207,6 +207,10 @@ def test_an_inventory_may_name_a_profile_file_of_its_own_beside_it(tmp_path: Pat
                                              "measurements:\n  hits: {counter: my_hits_total}\nbuilds:\n"),
                             "hosts.yaml")
     assert load_inventory(overridden).measurement.quantities["hits"].spec.counter == "my_hits_total"
+    # --baseline/--candidate validate the file again with their builds: still beside the inventory
+    builds = load_inventory(inventory).builds
+    again = load_inventory(inventory, baseline=list(builds)[1], candidate=list(builds)[0])
+    assert again.measurement.runtime == "myruntime"
 
 
 @pytest.mark.parametrize(("profile", "runtime", "error", "message"), [
