@@ -223,8 +223,8 @@ def test_the_mooncake_slice_replayed_over_a_real_sshd_decides_prefix_caching(ove
     # tokenizer, so their text is empty) are one figure per start of every build, none NaN
     for figure in ("lateness_p99_s", "ttft_p50_s", "itl_p50_s"):
         for build in warm:
-            got = samples_of(run, figure, build, "startup")
-            assert len(got) == 3 and all(math.isfinite(v) and v >= 0 for v in got), (figure, build, got)
+            values = samples_of(run, figure, build, "startup")
+            assert len(values) == 3 and all(math.isfinite(v) and v >= 0 for v in values), (figure, build, values)
     summary = (run.run_dir() / "summary.md").read_text(encoding="utf-8")
     assert "vllm-trace" in summary and "Hit rate" in summary
     check_trace_predictions(run, warm)

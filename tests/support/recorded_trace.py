@@ -32,11 +32,11 @@ class TraceStart:
     trial: int
     metrics: str
     hits: int
-    queries: int
+    prompt_tokens: int
 
     @property
     def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
+        return self.hits / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
 def trace_starts() -> list[TraceStart]:
