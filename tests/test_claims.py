@@ -21,7 +21,7 @@ import pytest
 
 from cache_qualify.config.inventory import load_inventory
 from cache_qualify.errors import PlanError, RecordedError
-from cache_qualify.config.overrides import given
+from cache_qualify.config.options import overrides_given
 from cache_qualify.qualification import Qualifier, RunOptions
 from cache_qualify.session.setup import resolve_scenarios
 from cache_qualify.config.profiles import resolve
@@ -77,7 +77,7 @@ def test_an_error_that_stopped_the_owner_is_read_back_not_met_again(tmp_path: Pa
     scenario = str(small_scenario(tmp_path, SCENARIO, "1G"))
     # an exact test on two trials per build cannot reach this alpha: refused before any lab time
     options = RunOptions(run_id="run", run_dir=tmp_path / "run", seed=1, session="one-session")
-    scenarios = resolve_scenarios([scenario], inventory, given({"alpha": 0.001, "test": "mannwhitney"}))
+    scenarios = resolve_scenarios([scenario], inventory, overrides_given({"alpha": 0.001, "test": "mannwhitney"}))
     with pytest.raises(PlanError, match=r"smallest possible p is") as owner:
         Qualifier(inventory, options, scenarios).result(scenario)
     with pytest.raises(RecordedError, match=r"^PlanError: .*smallest possible p is") as other:

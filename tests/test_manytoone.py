@@ -10,9 +10,10 @@ import pytest
 from scipy import optimize, stats
 
 from cache_qualify.errors import PlanError
-from cache_qualify.stats.manytoone import (CANNOT_PASS, MORE_TRIALS, Standing, Tournament, boundary_for, lab_time,
-                                           ranked, recommended, screening_level)
+from cache_qualify.stats.manytoone import (CANNOT_PASS, MORE_TRIALS, Standing, Tournament, boundary_for, ranked,
+                                           recommended, screening_level)
 from cache_qualify.sizing.lab_time import tournament_starts
+from cache_qualify.tournament_time import lab_time
 from cache_qualify.stats.sequential import DEFAULT_BOUNDARY, Boundary, plan_looks
 from cache_qualify.validation.simulate import SHAPES
 from cache_qualify.validation.promises import binomial_bound

@@ -158,7 +158,7 @@ def test_plan_explains_unusable_pilots(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_plan_refuses_missing_inputs_and_unknown_builds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--effect", "0.1"]) == 2
-    assert ("give a pilot run (`--samples PATH`), `--emulate` with two policies, or a predicted `--sd` "
+    assert ("give a pilot run (`--samples PATH`), `--emulate` with two policies, `--predict`, or a predicted `--sd` "
             "(with `--effect` or `--min-effect`)") in capsys.readouterr().err
     _write_pilot(tmp_path / "samples.csv", builds={"set4": 0.86, "lru4": 0.85}, sd=0.001, trials=4)
     assert main(["plan", "--runtime", "flare", "--samples", str(tmp_path), "--candidate", "set8"]) == 2

@@ -21,6 +21,7 @@ from cache_qualify.sizing.planning import planned_trials, render, size_from_pilo
 from cache_qualify.stats import relative
 from cache_qualify.stats.manytoone import Tournament
 from cache_qualify.stats.scenario_assertions import assertions_for
+from cache_qualify.stats.starts import FALSE_FLAG_RATE
 from cache_qualify.stats.verdict import Assertion, Trials, evaluate
 from cache_qualify.validation.simulate import binomial_bound
 from tests.support import relative_sim as sim
@@ -205,6 +206,16 @@ def test_the_sized_effect_passes_quick() -> None:
     assert cell.pass_rate >= 0.8 and cell.rule_broken == 0, cell
 
 
+def test_normal_starts_of_a_relative_assertion_are_set_aside_at_the_false_flag_rate_quick() -> None:
+    """Flagged on the logs, where the noise by factors is normal: at most `FALSE_FLAG_RATE` of runs lose a
+    normal start's block (flagged on the recorded values, 25 % of these runs did, and the sized design fell
+    short of its power)."""
+    runs = 200
+    cell = sim.run(sim.SIZED, sim.sized_blocks(sim.SIZED, 0.05), 1.5 * sim.boundary_shift(sim.SIZED), runs,
+                   seed=14, alpha=0.05, cand_bad_rate=0, base_bad_rate=0)
+    assert cell.flagged <= binomial_bound(runs, FALSE_FLAG_RATE), cell
+
+
 def test_bad_starts_of_the_candidate_never_buy_a_relative_pass_quick() -> None:
     cell = sim.run(sim.SIZED, 8, 1.2 * sim.boundary_shift(sim.SIZED), 200, seed=13, alpha=0.05, cand_bad_rate=0.3)
     assert cell.passes > 0 and cell.passes_not_better == 0 and cell.rule_broken == 0, cell
@@ -224,8 +235,10 @@ def test_the_design_has_its_power_at_the_sized_relative_effect(alpha: float) -> 
     n, runs = sim.sized_blocks(sim.SIZED, alpha), 2000
     cell = sim.run(sim.SIZED, n, 1.5 * sim.boundary_shift(sim.SIZED), runs, seed=43, alpha=alpha, cand_bad_rate=0,
                    base_bad_rate=0)
-    # 0.9 within sampling error: the 99 % lower bound of 2,000 runs at 0.9 is about 0.886
-    assert cell.pass_rate >= 0.9 - 2.58 * math.sqrt(0.09 / runs) and cell.rule_broken == 0, cell
+    # the design's power is 0.902-0.903 (the noncentral t at these blocks); 0.89 is 1.5 standard errors of
+    # 2,000 runs below 0.9 (with the flags on the recorded values, 1,769 of these runs passed at 0.05)
+    assert cell.pass_rate >= 0.9 - 1.5 * math.sqrt(0.09 / runs) and cell.rule_broken == 0, cell
+    assert cell.flagged <= binomial_bound(runs, FALSE_FLAG_RATE), cell
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ from cache_qualify.report.markdown import estimate, show
 from cache_qualify.report.tables import fmt
 from cache_qualify.report.provenance import provenance
 from cache_qualify.report.render import render_run, verdict_table
-from cache_qualify.report.rundata import load_run, scenario_description
+from cache_qualify.samples.rundata import load_run, scenario_description
 from cache_qualify.samples.records import dump
 from cache_qualify.units import unit
 from cache_qualify.samples.store import OK, START_FAILED, SampleStore, TrialRow, new_attempt
@@ -491,6 +491,17 @@ def test_the_summary_shows_the_scenarios_description_from_the_file_the_run_used(
     assert scenario_description(load_run(run.path), SCENARIO) == ""   # not the file the run used
     scenario_file.unlink()
     assert scenario_description(load_run(run.path), SCENARIO) == ""
+
+
+def test_the_description_the_setup_kept_is_shown_with_no_scenario_file_read(tmp_path: Path) -> None:
+    run = write_run(tmp_path, failing=False)
+    plan = json.loads((run.path / "plan.json").read_text(encoding="utf-8"))
+    plan.update(scenario_files={SCENARIO: str(tmp_path / "gone.yaml")},
+                scenario_descriptions={SCENARIO: "What the run checked, as its setup read it."})
+    (run.path / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
+    assert scenario_description(load_run(run.path), SCENARIO) == "What the run checked, as its setup read it."
+    render_run(run.path)
+    assert "as its setup read it." in (run.path / "summary.md").read_text(encoding="utf-8")
 
 
 def test_flagged_starts_are_listed_with_their_logs(copied_run: Path) -> None:

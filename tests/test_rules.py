@@ -1,7 +1,8 @@
 """The suite's own rules, kept by reading its source: every `pytest.raises` checks the message
 (`match=`), a test that polls uses `tests.support.waiting.wait_for` (no hand-written deadline
 loop), a rerun says why, helpers live in tests/support/, and the `slow` marker that splits the
-quick tier from the whole suite is registered and enforced; the plugin uses pytest's public API only."""
+quick tier from the whole suite is registered and enforced; the plugin uses pytest's public API only; and
+no module of the package passes 450 lines (one split where its responsibilities split, none excepted)."""
 
 from __future__ import annotations
 
@@ -121,3 +122,27 @@ def test_the_plugin_uses_pytest_s_public_api_only() -> None:
                       if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("_pytest")
                       for alias in node.names)
     assert imported == ["fixtures/cache_qualify/plugin.py: xml_key"]
+
+
+MOST_LINES = 450   # a module longer holds more than one thing to read at once
+
+
+def long_modules(root: Path, most: int = MOST_LINES) -> dict[str, int]:
+    """Each module under `root` of more than `most` physical lines, by its path relative to `root`."""
+    lengths = {path.relative_to(root).as_posix(): len(path.read_bytes().splitlines())
+               for path in sorted(root.rglob("*.py"))}
+    return {name: n for name, n in lengths.items() if n > most}
+
+
+def test_no_module_of_the_package_passes_450_lines() -> None:
+    long = long_modules(REPO / "fixtures" / "cache_qualify")
+    assert long == {}, "modules over 450 lines, to split where their responsibilities split: " + ", ".join(
+        f"{name} ({n})" for name, n in long.items())
+
+
+def test_the_size_rule_counts_physical_lines(tmp_path: Path) -> None:
+    (tmp_path / "inner").mkdir()
+    (tmp_path / "at.py").write_text("x = 1\n" * 3)
+    (tmp_path / "inner" / "over.py").write_text("(\n" + "1,\n" * 2 + ")")   # one statement, four lines
+    (tmp_path / "notes.txt").write_text("\n" * 9)
+    assert long_modules(tmp_path, most=3) == {"inner/over.py": 4}

@@ -136,7 +136,7 @@ def _verdict(arm: str, aid: str, outcome: str, difference: float, higher: bool =
 
 def test_recommendation_says_when_no_candidate_passes(tmp_path: Path) -> None:
     """Ranked by the primary gain even when it is a lower-is-better one; no pass, no recommendation."""
-    from cache_qualify.report.rundata import RunData
+    from cache_qualify.samples.rundata import RunData
     from cache_qualify.report.tournament import recommendation
 
     primary, kv = "readiness_wait_ns-gain[B-new-start]", "kv_pages-no_regression[startup]"

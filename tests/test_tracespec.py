@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cache_qualify.config.overrides import given, with_options
+from cache_qualify.config.options import overrides_given, with_options
 from cache_qualify.config.scenario import load_scenario
 from cache_qualify.errors import ScenarioError
 from cache_qualify.trials.runner import scenario_requests
@@ -98,7 +98,7 @@ def test_a_bad_trace_section_is_one_line_naming_the_field(tmp_path: Path, case: 
 
 
 def test_an_override_keeps_the_trace_and_its_lines(tmp_path: Path) -> None:
-    scenario = with_options(load_scenario(scenario_file(tmp_path)), given({"trials": 6}))
+    scenario = with_options(load_scenario(scenario_file(tmp_path)), overrides_given({"trials": 6}))
     assert scenario.trials == 6 and scenario.trace is not None
     assert str(scenario.error(("trace", "records"), "x")).endswith("replay.yaml:5: trace.records: x")
 

@@ -13,9 +13,11 @@ import pytest
 from scipy import stats
 from scipy.stats import mstats
 
+from cache_qualify.errors import PlanError
 from cache_qualify.methods import method
 from cache_qualify.methods.yuen import TRIM
 from cache_qualify.stats import exact
+from cache_qualify.stats.levels import check_plan
 from cache_qualify.stats.power import POWER, minimum_trials, trials_for_power
 from cache_qualify.stats.verdict import Assertion, Trials, evaluate
 
@@ -46,16 +48,41 @@ def _sign_flip_reference(d: np.ndarray, floor: float = 0.0) -> float:
     return sum(t >= observed - 1e-9 * abs(observed) for t in flipped) / len(flipped)
 
 
-def test_yuen_p_equals_scipys_trimmed_t_unpaired_and_the_t_test_below_five_blocks() -> None:
+def test_yuen_p_equals_scipys_trimmed_t_unpaired_and_the_sign_flip_p_below_five_blocks() -> None:
     rng = np.random.default_rng(11)
     for _ in range(200):
         n, m = rng.integers(3, 16, 2)
         x, y = rng.normal(0.3, 1, n), rng.standard_t(3, m)
         reference = stats.ttest_ind(x, y, trim=TRIM, equal_var=False, alternative="greater").pvalue
         assert YUEN.p_unpaired(x, y, seed=0) == pytest.approx(reference, rel=1e-9, abs=1e-15)
-    for n in (2, 3, 4):      # fewer than 5 values: nothing trimmed, the t test
+    for n in (2, 3, 4):      # fewer than 5 values: nothing trimmed, the t statistic's sign vectors
         short = rng.normal(0.3, 1, n)
-        assert YUEN.p_paired(short, seed=0) == pytest.approx(stats.ttest_1samp(short, 0, alternative="greater").pvalue)
+        assert YUEN.p_paired(short, seed=0) == pytest.approx(_sign_flip_reference(short))
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.01])
+def test_no_count_of_blocks_below_the_minimum_can_pass_not_even_what_flags_leave(alpha: float) -> None:
+    """`check_plan`'s minimum holds for every count a run can decide on: the blocks flagged starts leave
+    included (on main the 2-4 left were read from Student's t, whose p has no floor)."""
+    needed = minimum_trials("yuen", alpha, paired=True)
+    rng = np.random.default_rng(12)
+    for n in range(2, needed):
+        assert YUEN.minimum_p(n, paired=True) >= alpha, n
+        steep = rng.normal(5.0, 0.1, n)      # every block far on the better side: the smallest p there is
+        assert YUEN.p_paired(steep, seed=0) >= alpha, n
+    with pytest.raises(PlanError, match=f"needs at least {needed} trials per build"):
+        check_plan(method="yuen", alpha=alpha, trials_per_build=needed - 1, paired=True)
+    check_plan(method="yuen", alpha=alpha, trials_per_build=needed, paired=True)
+
+
+def test_a_six_block_run_at_001_does_not_pass_on_the_four_blocks_its_flags_leave() -> None:
+    """Two baseline starts far out set their blocks aside; the four left cannot reach 0.01 (smallest p 1/16)."""
+    base = np.array([0.5, 0.6, 9.9, 10.1, 10.05, 9.95])     # the first two: the lab's bad starts
+    cand = np.array([10.0, 10.2, 9.9, 10.1, 10.05, 9.95]) + np.array([1.0, 1.1, 0.95, 1.05, 1.02, 0.98])
+    gain = Assertion("readiness_wait", "B-new-start", "gain", True, unit="s")
+    [v] = evaluate([gain], {gain.id: _blocked(base, cand)}, alpha=0.01, method="yuen")
+    assert len(v.flagged) == 2 and "one-sided p 0.0625, 4 blocks" in v.reason, v.reason
+    assert v.outcome != "pass", v.reason
 
 
 def test_paired_p_is_the_share_of_sign_vectors_whose_trimmed_t_is_at_least_the_one_seen() -> None:
@@ -69,7 +96,7 @@ def test_paired_p_is_the_share_of_sign_vectors_whose_trimmed_t_is_at_least_the_o
     # flipping the one value trimmed from the bottom leaves the statistic as it was: 2 of 2 ** n vectors tie
     positive = np.array([0.9, 1.0, 1.1, 1.2, 1.3, 1.4])
     assert YUEN.p_paired(positive, seed=0) == YUEN.minimum_p(6, paired=True) == 2 / 64
-    assert YUEN.minimum_p(5, paired=True) == 1 / 16 and YUEN.minimum_p(4, paired=True) == 0.0
+    assert YUEN.minimum_p(5, paired=True) == 1 / 16 == YUEN.minimum_p(4, paired=True)
     assert minimum_trials("yuen", 0.05, paired=True) == 6 and minimum_trials("yuen", 0.01, paired=True) == 8
 
 
@@ -86,13 +113,15 @@ def test_the_resolution_floors_the_trimmed_spread_in_every_sign_vector() -> None
 def test_yuen_applies_the_resolution_floor_its_reason_states(base: tuple[float, ...], cand: tuple[float, ...],
                                                            alpha: float) -> None:
     """Its reason said the test takes the block differences' sd as 0.01, but its p used 0.00707 (p 0.0452,
-    a pass; the t test 0.0635) and 0.00577 (p 0.0099 at 0.01; the t test 0.0281)."""
+    a pass; the t test 0.0635) and 0.00577 (p 0.0099 at 0.01; the t test 0.0281). Below 5 blocks its p is
+    the sign vectors' of the t statistic with that sd, as from 5."""
     gain = Assertion("hit_rate", "A-again", "gain", True, unit="fraction")
     samples = {gain.id: _blocked(np.array(base), np.array(cand))}
     with pytest.warns(UserWarning, match="so the test takes the block differences' sd as 0.01"):
         [y] = evaluate([gain], samples, alpha=alpha, method="yuen")
         [w] = evaluate([gain], samples, alpha=alpha, method="welch")
-    assert y.p_value == pytest.approx(w.p_value, rel=1e-9) and y.outcome == w.outcome != "pass"
+    diffs = np.array(cand) - np.array(base)
+    assert y.p_value == pytest.approx(_sign_flip_reference(diffs, 0.01)) and y.outcome == w.outcome != "pass"
     assert y.noise_sd == pytest.approx(0.01)
 
 

@@ -28,11 +28,12 @@ import numpy as np
 
 from cache_qualify.config.profiles import resolve
 from cache_qualify.history.changes import ALPHA, change_points
-from cache_qualify.report.render import render_run
-from cache_qualify.report.rundata import load_run, merged_verdicts
+from cache_qualify.report.render import merged_verdicts, render_run
 from cache_qualify.samples import runfolder
 from cache_qualify.samples.records import BuildRecord, Plan, QuantityRecord, VerdictRecord
+from cache_qualify.samples.rundata import load_run
 from cache_qualify.samples.store import ALL, OK, SampleStore, TrialRow
+from cache_qualify.stats.outcome import run_decision
 from cache_qualify.stats.starts import Trials, flag_starts
 
 STARTS = 4          # per run and build: the default scenario's trials
@@ -138,7 +139,7 @@ def write_folder(reports: Path, plan: Plan, starts: Mapping[str, Sequence[Start]
                                      "", stamp, end))
     runfolder.write_verdicts(run_dir, scenario, verdicts)
     run = load_run(run_dir)
-    runfolder.write_outcome(run_dir, run.decision)
+    runfolder.write_outcome(run_dir, run_decision(run))
     if summary:
         render_run(run_dir, plots=False)
     else:
