@@ -67,6 +67,8 @@ def test_the_run_shows_each_builds_predicted_beside_measured_warm_half(trace_run
     summary = (trace_run / "summary.md").read_text(encoding="utf-8")
     assert "| `prefix-caching` | replay | 9.72 % |" in summary and "| 3 of 3 | within (± 2.00 %) |" in summary
     assert "Outside:" not in summary
+    page = (trace_run / "summary.html").read_text(encoding="utf-8")   # the same renderer
+    assert "<h3>Predicted beside measured</h3>" in page and ">within (± 2.00 %)</td>" in page
 
 
 def test_a_start_serving_far_less_than_predicted_fails_its_check_naming_the_build(tmp_path: Path) -> None:
