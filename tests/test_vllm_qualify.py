@@ -248,3 +248,5 @@ def check_trace_predictions(run: QualifyRun, warm: dict[str, list[float]]) -> No
     for build in warm:
         case = cases[f"test_prediction[vllm-trace:{build}]"]
         assert case.find("failure") is None and case.find("skipped") is None, run.output[-3000:]
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        assert props["predicted_hit_rate[replay]"] == f"{got[build]['predicted']:.6g}", props
