@@ -5,8 +5,6 @@ same start measured, and summary.md and verdicts.json showing both per build and
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -22,7 +20,7 @@ from cache_qualify.samples import runfolder
 from cache_qualify.samples.store import ALL
 from cache_qualify.trials.measure import emulator_metrics, metric_lines
 from cache_qualify.trials.runner import scenario_requests
-from tests.support.labfixtures import REPO
+from tests.support.labfixtures import REPO, collected
 from tests.support.recorded_vllm import (BLOCK, EXAMPLE, PROMPT_TOKENS, SCENARIO, body, recorded_requests,
                                          vllm_bodies, write_recorded_run)
 
@@ -149,13 +147,6 @@ def test_a_parameter_no_place_gives_leaves_the_build_without_figures_naming_it(t
                                         "(looked in the flag --block-size; vllm:cache_config_info{block_size})")
     assert unreadable([record]) == {"prefix-caching": record.unreadable}
     assert request_checks([record], pd.DataFrame(columns=["attempt", "request", "metric", "host", "value"])) == {}
-
-
-def collected(*args: str) -> list[str]:
-    proc = subprocess.run([sys.executable, "-m", "pytest", "qualify", "--collect-only", "-q", "-p", "no:cacheprovider",
-                           "-p", "no:xdist", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return [line.split("::", 1)[1] for line in proc.stdout.splitlines() if line.startswith("qualify/")]
 
 
 def test_a_runtime_with_an_emulator_has_a_prediction_test_per_scenario_and_build() -> None:

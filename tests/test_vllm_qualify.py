@@ -47,6 +47,7 @@ TOURNAMENT = {
 # three starts per arm and no more (each costs most of a minute, minutes on a loaded machine): enough
 # for the hit rate, the KV cache and the A/A, which every start gives exactly
 THREE_STARTS = ("--max-trials", "3")
+TRACE_BAND = 0.02   # the vllm profile's emulator band: an open-loop replay's requests overlap
 
 Inventory = Callable[..., Path]
 
@@ -207,7 +208,30 @@ def test_the_mooncake_slice_replayed_over_a_real_sshd_decides_prefix_caching(ove
     # tokenizer, so their text is empty) are one figure per start of every build, none NaN
     for figure in ("lateness_p99_s", "ttft_p50_s", "itl_p50_s"):
         for build in warm:
-            got = samples_of(run, figure, build, "startup")
-            assert len(got) == 3 and all(math.isfinite(v) and v >= 0 for v in got), (figure, build, got)
+            values = samples_of(run, figure, build, "startup")
+            assert len(values) == 3 and all(math.isfinite(v) and v >= 0 for v in values), (figure, build, values)
     summary = (run.run_dir() / "summary.md").read_text(encoding="utf-8")
     assert "vllm-trace" in summary and "Hit rate" in summary
+    check_trace_predictions(run, warm)
+
+
+def check_trace_predictions(run: QualifyRun, warm: dict[str, list[float]]) -> None:
+    """Each start's warm half predicted by the vllm-block emulator (every prompt sent, the first half
+    included, one at a time from an empty cache) beside its measured hit rate: open loop, requests
+    overlap, so the prediction is the centre of the profile's band (docs/emulation.md), which every
+    start of every build is within (test_prediction passes; the run's status says so too)."""
+    listed = json.loads((run.run_dir() / "verdicts.json").read_text(encoding="utf-8"))["predictions"]["vllm-trace"]
+    got = {c["build"]: c for c in listed}
+    assert set(got) == set(warm) and {c["request"] for c in listed} == {"replay"}, listed
+    for build, check in got.items():
+        assert not check["exact"] and check["tolerance"] == TRACE_BAND and check["outcome"] == "passed", check
+        assert check["starts"] == check["starts_within"] == len(warm[build]), check
+        assert check["measured"] in warm[build], (check, warm[build])
+    assert got["no-prefix-caching"]["predicted"] == 0
+    assert all(0.03 < got[build]["predicted"] < 0.212 for build in ("prefix-caching", "prefix-caching-32")), got
+    cases = run.testcases()
+    for build in warm:
+        case = cases[f"test_prediction[vllm-trace:{build}]"]
+        assert case.find("failure") is None and case.find("skipped") is None, run.output[-3000:]
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        assert props["predicted_hit_rate[replay]"] == f"{got[build]['predicted']:.6g}", props

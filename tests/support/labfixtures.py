@@ -285,3 +285,11 @@ def interrupt(proc: subprocess.Popen[str], sig: int = signal.SIGINT) -> str:
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
     return out
+
+
+def collected(*args: str) -> list[str]:
+    """The qualification tests `pytest qualify --collect-only` lists with `args`, each as `name[id]`."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "qualify", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:xdist", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [line.split("::", 1)[1] for line in proc.stdout.splitlines() if line.startswith("qualify/")]

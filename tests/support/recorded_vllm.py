@@ -10,7 +10,7 @@ reads (kept beside the log, as a start keeps them), and its prediction by the ru
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from cache_qualify.config.inventory import load_inventory
@@ -78,18 +78,24 @@ def recorded_scenario(*, prediction: str = "fail") -> Scenario:
         "expectations": [{"metric": "hit_rate", "request": "P-again", "kind": "gain", "min_effect": 0.5}]})
 
 
+def recorded_folder(root: Path, labels: Sequence[str], scenario: str) -> tuple[Path, SampleStore, RunRecorder]:
+    """A run folder under `root` of examples/vllm.yaml's builds `labels` (the first the baseline) on
+    `scenario`, its sample store and its recorder keeping the scenario's samples."""
+    run_dir = root / "reports" / "recorded"
+    runfolder.create(run_dir, Plan(run_id="recorded", seed=1, lab="vllm-cpu", runtime="vllm", baseline=labels[0],
+                                   candidates=tuple(labels[1:]), scenarios=(scenario,)))
+    store = SampleStore(run_dir)
+    store.create()
+    recorder = RunRecorder(load_inventory(EXAMPLE), RunOptions(run_id="recorded", run_dir=run_dir, seed=1))
+    recorder.keep(scenario)
+    return run_dir, store, recorder
+
+
 def write_recorded_run(root: Path, arms: Mapping[str, str], *, trials: int = 2, prediction: str = "fail") -> Path:
     """A run folder under `root` whose arms (examples/vllm.yaml's builds, the first the baseline) each measured
     the recorded start `arms[build]` names (``on`` or ``off``) in every one of `trials` trials."""
     inventory = load_inventory(EXAMPLE)
-    labels = list(arms)
-    run_dir = root / "reports" / "recorded"
-    runfolder.create(run_dir, Plan(run_id="recorded", seed=1, lab="vllm-cpu", runtime="vllm", baseline=labels[0],
-                                   candidates=tuple(labels[1:]), scenarios=(SCENARIO,)))
-    store = SampleStore(run_dir)
-    store.create()
-    recorder = RunRecorder(inventory, RunOptions(run_id="recorded", run_dir=run_dir, seed=1))
-    recorder.keep(SCENARIO)
+    run_dir, store, recorder = recorded_folder(root, list(arms), SCENARIO)
     scenario = recorded_scenario(prediction=prediction)
     model = scenario_model(scenario, inventory.measurement)
     for trial in range(trials):
@@ -112,5 +118,5 @@ def write_recorded_run(root: Path, arms: Mapping[str, str], *, trials: int = 2, 
     return run_dir
 
 
-__all__ = ["BLOCK", "PROMPT_TOKENS", "REQUESTS", "SCENARIO", "body", "figures", "recorded_requests",
+__all__ = ["BLOCK", "PROMPT_TOKENS", "REQUESTS", "SCENARIO", "body", "figures", "recorded_folder", "recorded_requests",
            "recorded_scenario", "snapshot", "two_prompts", "vllm_bodies", "write_recorded_run"]
