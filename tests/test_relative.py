@@ -23,6 +23,7 @@ from cache_qualify.stats.manytoone import Tournament
 from cache_qualify.stats.scenario_assertions import assertions_for
 from cache_qualify.stats.starts import FALSE_FLAG_RATE
 from cache_qualify.stats.verdict import Assertion, Trials, evaluate
+from cache_qualify.stats.wording import Wording
 from cache_qualify.validation.simulate import binomial_bound
 from tests.support import relative_sim as sim
 from tests.support.labfixtures import REPO, run_qualify, write_file, write_inventory
@@ -281,3 +282,16 @@ def test_a_qualification_decides_a_relative_gain_of_a_readiness_wait(tmp_path: P
     props = {p.get("name"): p.get("value") for p in
              run.testcases()["test_row_cache[readiness_wait-gain[B-new-start]]"].iter("property")}
     assert props["relative"] == "true" and props["difference_unit"] == "%"
+
+
+def test_a_reason_never_reads_an_interval_end_or_a_p_value_as_the_boundary_it_is_not() -> None:
+    """A pass just past the boundary: its interval printed "-43.6 to -10 %" beside "-10.04 % < -10 %", and a
+    p of 0.049996 read "p 0.05 < 0.05"."""
+    wait = Assertion("wait_s", "r", "gain", False, min_effect=0.10, unit="s", relative=True)
+    base = (1.131, 3.029, 1.517, 2.58, 1.216, 2.035)
+    cand = (0.869, 1.465, 0.85, 2.573, 0.823, 1.896)
+    [v] = evaluate([wait], {wait.id: (_blocked(base), _blocked(cand))}, alpha=0.05)
+    assert v.outcome == "pass" and -0.1005 < v.ci.high < -0.1, v
+    assert "(90 % interval -43.6 to -10.04 %)" in v.reason and "upper end -10.04 % < -10 %" in v.reason, v.reason
+    worded = Wording(wait, -math.log(0.9)).passed(0.049996, 0.05, math.log(0.564), math.log(0.8996))
+    assert "one-sided p 0.049996 < 0.05;" in worded, worded
