@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
-from cache_qualify.methods import NAMES
+from cache_qualify.methods import NAMES, method as registered
 from cache_qualify.stats.manytoone import Tournament
 from cache_qualify.stats.verdict import Assertion, Trials, VerdictWarning, evaluate
 from cache_qualify.validation.method_levels import aa_passes
@@ -192,7 +192,7 @@ def test_every_method_holds_its_level_on_equal_builds_in_blocks(method: str) -> 
     (now it cannot pass there: 6 blocks is its least at 0.05)."""
     runs, alpha = 11_000, 0.05
     for blocks in (6, 10):
-        passes = aa_passes(method, NOISE["normal"], blocks, alpha, runs, seed=blocks)
+        passes = aa_passes(registered(method), NOISE["normal"], blocks, alpha, runs, seed=blocks)
         assert passes <= binomial_bound(runs, alpha), (blocks, passes)
         # the test was not simply unable to pass (a discrete one may fall short of alpha: yuen 4.0 % at 6 blocks)
         assert passes >= 0.5 * alpha * runs, (blocks, passes)

@@ -63,14 +63,14 @@ def test_the_test_option_reads_the_registry(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_the_plan_check_and_the_sizing_read_each_method(name: str, paired: bool) -> None:
     m = method(name)
-    fewest = minimum_trials(name, 0.01, paired=paired)
+    fewest = minimum_trials(m, 0.01, paired=paired)
     assert m.minimum_p(fewest, paired=paired) < 0.01 <= m.minimum_p(fewest - 1, paired=paired) or fewest == 2
-    check_plan(method=name, alpha=0.01, trials_per_build=fewest, paired=paired)
+    check_plan(method=m, alpha=0.01, trials_per_build=fewest, paired=paired)
     if fewest > 2:
         with pytest.raises(PlanError, match=rf"{name} cannot reach .* at least {fewest} trials per build"):
-            check_plan(method=name, alpha=0.01, trials_per_build=fewest - 1, paired=paired)
-    t_test = trials_for_power(0.1, 0.1, alpha=0.01, method=DEFAULT, paired=paired)
-    sized = trials_for_power(0.1, 0.1, alpha=0.01, method=name, paired=paired)
+            check_plan(method=m, alpha=0.01, trials_per_build=fewest - 1, paired=paired)
+    t_test = trials_for_power(0.1, 0.1, alpha=0.01, method=METHODS[DEFAULT], paired=paired)
+    sized = trials_for_power(0.1, 0.1, alpha=0.01, method=m, paired=paired)
     assert t_test is not None and sized is not None
     assert sized == max(fewest, -(-t_test * m.trials_factor // 1)), (sized, t_test, m.trials_factor)
 

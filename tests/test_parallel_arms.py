@@ -23,6 +23,7 @@ from scipy import stats as scipy_stats
 
 from cache_qualify.config.inventory import HostGroup, load_inventory
 from cache_qualify.errors import PlanError
+from cache_qualify.methods import method
 from cache_qualify.stats.compare import crossover_fit
 from cache_qualify.stats.sequential import plan_looks
 from cache_qualify.validation.simulate import LAB_BAD_STARTS, SHAPES, draw
@@ -85,9 +86,9 @@ def test_fewer_than_two_equal_groups_is_refused_naming_the_groups() -> None:
         equal_groups([HostGroup("g2", a), HostGroup("g1", b)], None)
     assert [g.name for g in equal_groups([HostGroup("g1", b), HostGroup("x", a), HostGroup("y", a)], None)] == ["x", "y"]
     with pytest.raises(PlanError, match="one baseline and one candidate.*2 candidates"):
-        check_arms(("set8", "set16"), "welch")
+        check_arms(("set8", "set16"), method("welch"))
     with pytest.raises(PlanError, match="only the t test does.*permutation"):
-        check_arms(("two_choice",), "permutation")
+        check_arms(("two_choice",), method("permutation"))
 
 
 # --- the analysis with the group as a factor ------------------------------------------------------

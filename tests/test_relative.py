@@ -17,6 +17,7 @@ from cache_qualify.config.profiles import resolve
 from cache_qualify.config.scenario import check_against, load_scenario
 from cache_qualify.errors import PlanError, ScenarioError
 from cache_qualify.gate import failure_message, junit_figures
+from cache_qualify.methods.default import DEFAULT_METHOD
 from cache_qualify.sizing.planning import planned_trials, render, size_from_pilot
 from cache_qualify.stats import relative
 from cache_qualify.stats.manytoone import Tournament
@@ -159,7 +160,7 @@ def test_plan_sizes_a_relative_gain_on_the_log_scale() -> None:
             for build, shift in (("base", 0.0), ("cand", -0.5))
             for i, value in enumerate(np.exp(rng.normal(shift, 0.3, 12)))]
     pilot = pd.DataFrame(rows)
-    [s] = size_from_pilot(pilot, baseline="base", candidate="cand", alpha=0.05, power=0.9, method="welch",
+    [s] = size_from_pilot(pilot, baseline="base", candidate="cand", alpha=0.05, power=0.9, method=DEFAULT_METHOD,
                           family_size=1, assertions=[sim.SIZED])
     logs = {b: np.log(pilot[pilot["build"] == b]["value"].to_numpy()) for b in ("base", "cand")}
     sd = math.sqrt((logs["base"].var(ddof=1) + logs["cand"].var(ddof=1)) / 2)
@@ -167,7 +168,7 @@ def test_plan_sizes_a_relative_gain_on_the_log_scale() -> None:
     assert s.effect == pytest.approx(logs["base"].mean() - logs["cand"].mean())
     # sized as any assertion is, on the logs: the same count as an absolute one with these figures
     assert s.trials_per_build == planned_trials(s.effect - s.null, s.sd_sized, alpha=0.05, power=0.9)
-    table = render([s], alpha=0.05, power=0.9, method="welch", family_size=1)
+    table = render([s], alpha=0.05, power=0.9, method=DEFAULT_METHOD, family_size=1)
     assert "| -40 % |" in table and " (log)" in table, table
 
 

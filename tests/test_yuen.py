@@ -64,15 +64,15 @@ def test_yuen_p_equals_scipys_trimmed_t_unpaired_and_the_sign_flip_p_below_five_
 def test_no_count_of_blocks_below_the_minimum_can_pass_not_even_what_flags_leave(alpha: float) -> None:
     """`check_plan`'s minimum holds for every count a run can decide on: the blocks flagged starts leave
     included (on main the 2-4 left were read from Student's t, whose p has no floor)."""
-    needed = minimum_trials("yuen", alpha, paired=True)
+    needed = minimum_trials(YUEN, alpha, paired=True)
     rng = np.random.default_rng(12)
     for n in range(2, needed):
         assert YUEN.minimum_p(n, paired=True) >= alpha, n
         steep = rng.normal(5.0, 0.1, n)      # every block far on the better side: the smallest p there is
         assert YUEN.p_paired(steep, seed=0) >= alpha, n
     with pytest.raises(PlanError, match=f"needs at least {needed} trials per build"):
-        check_plan(method="yuen", alpha=alpha, trials_per_build=needed - 1, paired=True)
-    check_plan(method="yuen", alpha=alpha, trials_per_build=needed, paired=True)
+        check_plan(method=YUEN, alpha=alpha, trials_per_build=needed - 1, paired=True)
+    check_plan(method=YUEN, alpha=alpha, trials_per_build=needed, paired=True)
 
 
 def test_a_six_block_run_at_001_does_not_pass_on_the_four_blocks_its_flags_leave() -> None:
@@ -97,7 +97,7 @@ def test_paired_p_is_the_share_of_sign_vectors_whose_trimmed_t_is_at_least_the_o
     positive = np.array([0.9, 1.0, 1.1, 1.2, 1.3, 1.4])
     assert YUEN.p_paired(positive, seed=0) == YUEN.minimum_p(6, paired=True) == 2 / 64
     assert YUEN.minimum_p(5, paired=True) == 1 / 16 == YUEN.minimum_p(4, paired=True)
-    assert minimum_trials("yuen", 0.05, paired=True) == 6 and minimum_trials("yuen", 0.01, paired=True) == 8
+    assert minimum_trials(YUEN, 0.05, paired=True) == 6 and minimum_trials(YUEN, 0.01, paired=True) == 8
 
 
 def test_the_resolution_floors_the_trimmed_spread_in_every_sign_vector() -> None:
@@ -154,7 +154,7 @@ def test_yuen_at_the_trials_it_is_sized_for_reaches_the_power_printed(paired: bo
     within the 99 % binomial bound of 1,000 runs."""
     rng = np.random.default_rng(int(effect * 10) + paired)
     alpha, runs = 0.01, 1000
-    n = trials_for_power(effect, 1.0, alpha=alpha, method="yuen", paired=paired)
+    n = trials_for_power(effect, 1.0, alpha=alpha, method=YUEN, paired=paired)
     assert n is not None and n > trials_for_power(effect, 1.0, alpha=alpha, paired=paired)  # type: ignore[operator]
     hits = sum((YUEN.p_paired(rng.normal(effect, 1.0, n), seed=0) if paired else
                 YUEN.p_unpaired(rng.normal(effect, 1.0, n), rng.normal(0.0, 1.0, n), seed=0)) < alpha
