@@ -127,8 +127,8 @@ def test_a_failure_message_states_each_figure_once() -> None:
     reason's account; now once, with the boundary once."""
     kv = Assertion("kv_pages", "startup", "no_regression", True, margin=0.02, unit="pages")
     base = np.random.default_rng(11).normal(41_300, 30, 5)
-    [verdict] = evaluate([kv], {kv.id: (base, base - 2_344)}, alpha=0.01)
-    record = verdict.record("fat")
+    [verdict] = evaluate([kv], {kv.id: (base, base - 2_344)}, alpha=0.01, arm="fat")
+    record = verdict.record
     message = failure_message(record.id, "set4", record)
     assert record.outcome == "fail" and "the interval's upper end" in record.reason, record.reason
     assert message.count(" % interval ") == 1 and "interval's upper end" not in message, message

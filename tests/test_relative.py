@@ -95,8 +95,8 @@ def test_the_ratio_is_worded_benchstats_way() -> None:
 
 
 def test_verdicts_json_and_junit_carry_the_ratio_and_say_so() -> None:
-    [v] = evaluate([PROMPT], {PROMPT.id: (_blocked(BASE_MS), _blocked(CAND_MS))}, alpha=0.01)
-    record = v.record("cand")
+    [v] = evaluate([PROMPT], {PROMPT.id: (_blocked(BASE_MS), _blocked(CAND_MS))}, alpha=0.01, arm="cand")
+    record = v.record
     assert record.relative and record.difference == pytest.approx(v.difference)
     assert json.loads(json.dumps(v.as_dict()))["relative"] is True
     props = junit_figures(record)
@@ -104,8 +104,8 @@ def test_verdicts_json_and_junit_carry_the_ratio_and_say_so() -> None:
     assert float(props["difference"]) == pytest.approx(100 * v.difference, rel=1e-5)   # type: ignore[arg-type]
     assert float(props["ci_high"]) < float(props["null_boundary"]) == pytest.approx(-10.0)  # type: ignore[arg-type]
     assert float(props["baseline_mean"]) == pytest.approx(np.mean(BASE_MS) / 1000, rel=1e-5)  # type: ignore[arg-type]
-    [worse] = evaluate([PROMPT], {PROMPT.id: (_blocked(CAND_MS), _blocked(BASE_MS))}, alpha=0.01)
-    assert "candidate / baseline - 1 +" in failure_message(PROMPT.id, "base", worse.record("cand"))
+    [worse] = evaluate([PROMPT], {PROMPT.id: (_blocked(CAND_MS), _blocked(BASE_MS))}, alpha=0.01, arm="cand")
+    assert "candidate / baseline - 1 +" in failure_message(PROMPT.id, "base", worse.record)
 
 
 SCENARIO = """\
