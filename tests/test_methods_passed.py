@@ -58,7 +58,7 @@ def test_the_object_given_is_the_one_that_decides_sizes_and_is_named() -> None:
     own = dataclasses.replace(DEFAULT_METHOD, name="t-own", paired_name="own paired t", trials_factor=3.0)
     [v] = evaluate([GAIN], SAMPLES, alpha=0.05, method=own)
     [t] = evaluate([GAIN], SAMPLES, alpha=0.05)
-    assert v.method == "t-own" and v.record().method == "t-own" and t.method == DEFAULT_METHOD.name
+    assert v.method == "t-own" and v.record.method == "t-own" and t.method == DEFAULT_METHOD.name
     assert "own paired t" in v.reason and "own paired t" not in t.reason, v.reason
     assert (v.p_value, v.outcome) == (t.p_value, t.outcome)      # the same test underneath
     single = trials_for_power(0.01, 0.02, alpha=0.05, paired=True)
