@@ -19,7 +19,7 @@ QUALIFY = REPO / "qualify"
 # what a qualification test may read: the checks, the run's results, the preflight's checks and types
 ALLOWED_IMPORTS = ("cache_qualify.gate", "cache_qualify.qualification", "cache_qualify.lab.preflight",
                    "cache_qualify.lab.transport", "cache_qualify.config.inventory", "cache_qualify.errors",
-                   "cache_qualify.session.state")
+                   "cache_qualify.session.state", "cache_qualify.emulation.readable")
 
 
 def test_the_qualification_folder_holds_only_test_functions_that_say_what_they_assert() -> None:
