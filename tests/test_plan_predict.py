@@ -162,6 +162,19 @@ def test_concurrent_copies_are_not_sized_without_a_given_sd(tmp_path: Path,
     assert rows["hit_rate", "A-again"]["sd"] == 0.2 and rows["hit_rate", "A-again"]["trials_per_build"] > 3
 
 
+def test_the_simulated_lab_is_predicted_on_its_groups_ranks_and_its_band_is_not_sized_without_an_sd(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The flare command's `--tensor-parallel-size {world_size}` is the group's size, as a start fills it (it
+    read as the default 1 and refused --cache-param ranks=3), and the row cache's band is no exact value."""
+    assert main(["plan", "--hosts", str(REPO / "hosts.yaml"), "--scenario", "reread-1g", "--predict", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    [built] = [b for b in out["builds"] if b["build"] == "set4"]
+    assert built["params"]["ranks"] == 3 and built["origins"]["ranks"] == "--tensor-parallel-size 3", built
+    rows = {(s["metric"], s["request"]): s for s in out["sizings"]["two_choice"]}
+    assert rows["hit_rate", "B-new-start"]["note"].startswith(
+        "not predicted: the flare-rowcache emulator predicts a band's centre"), rows
+
+
 @pytest.mark.slow
 def test_the_planned_design_passes_the_gate_with_the_planned_power(capsys: pytest.CaptureFixture[str]) -> None:
     """The figure the plan prints (3 trials per build) checked by a seeded simulation of the gate's own
