@@ -16,6 +16,7 @@ from cache_qualify.cli import main
 from cache_qualify.config.command import command_words
 from cache_qualify.config.inventory import load_inventory
 from cache_qualify.config.scenario import load_scenario
+from cache_qualify.emulation.sources import parse_value
 from cache_qualify.sizing.predictive import predict_build
 from cache_qualify.stats.scenario_assertions import assertions_for
 from cache_qualify.stats.starts import Trials
@@ -74,8 +75,11 @@ def test_a_parameter_only_a_start_gives_refuses_the_plan_in_one_line(capsys: pyt
 
 
 @pytest.mark.parametrize(("given", "message"), [
-    ("block_size", "--cache-param block_size: expected BUILD.NAME=VALUE or NAME=VALUE, the value an integer or "
-                   "true/false"),
+    ("block_size", "--cache-param block_size: expected BUILD.NAME=VALUE or NAME=VALUE, the value a number, "
+                   "true/false or a word"),
+    ("block_size=1.2.3", "--cache-param block_size=1.2.3: expected BUILD.NAME=VALUE"),
+    ("block_size=big", "--cache-param block_size=big: block_size of the vllm-block emulator is a number or "
+                       "true/false, not 'big'"),
     ("nightly.block_size=16", "--cache-param nightly.block_size=16: .*vllm.yaml has no build 'nightly'; it has "
                               "no-prefix-caching, prefix-caching, prefix-caching-32"),
     ("prefix-caching.blocks=16", "the vllm-block emulator has no parameter 'blocks'; it takes block_size, "
@@ -126,6 +130,16 @@ def test_caching_off_and_on_give_the_pinned_vllm_figures(capsys: pytest.CaptureF
         assert (row["baseline_mean"], row["candidate_mean"], row["effect"]) == (0.0, cached / TOKENS, cached / TOKENS)
         assert row["sd"] == 0.0 and row["trials_per_build"] == 3
         assert rows["kv_pages", "startup"]["trials_per_build"] is None
+
+
+def test_a_cache_param_is_read_as_a_command_line_s_value(capsys: pytest.CaptureFixture[str]) -> None:
+    """--cache-param values go through the parser that reads the command line and the log (a comma
+    grouping thousands, a word for a parameter that takes text), so a value means the same in both."""
+    plan = planned(capsys, "--cache-param", BLOCK_128, "--cache-param", "prefix-caching.num_gpu_blocks=1,024")
+    builds = {b["build"]: b for b in plan["builds"]}   # type: ignore[attr-defined]
+    assert builds["prefix-caching"]["params"]["num_gpu_blocks"] == 1024
+    assert parse_value("-1") == -1 and parse_value("0.668") == 0.668 and parse_value("LRU") == "lru"
+    assert parse_value("1G") is None and parse_value("1G", textual=True) == "1G"
 
 
 def test_the_prediction_holds_for_every_pool_from_the_bound_it_states() -> None:

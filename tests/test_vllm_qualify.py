@@ -7,8 +7,9 @@ tests FAIL when it cannot be), serving a seeded random-weight Llama of one layer
 transformers (`tests.support.vllm_server`). A vLLM start costs most of a minute here, so the starts
 are shared: one gate run of several candidates against one baseline without prefix caching
 (caching on in blocks of 128; blocks of 32 with half the KV cache, the CPU build's smallest; the baseline against itself),
-one replay of the shipped Mooncake slice over sshd (caching in blocks of 128 and of 32 against none) and one
-run whose candidate exits at start.
+one replay of the shipped Mooncake slice over sshd (caching in blocks of 128, of 32 and a copy of the first
+against none; the candidates then decided against each other with `cache-qualify decide`) and one run
+whose candidate exits at start.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +50,8 @@ TOURNAMENT = {
 # three starts per arm and no more (each costs most of a minute, minutes on a loaded machine): enough
 # for the hit rate, the KV cache and the A/A, which every start gives exactly
 THREE_STARTS = ("--max-trials", "3")
+CACHING_AGAIN = {"prefix-caching-again": {"description": "prefix caching in blocks of 128 again (A/A)", "flags": [
+    "--enable-prefix-caching", *KV_1G]}}
 TRACE_BAND = 0.02   # the vllm profile's emulator band: an open-loop replay's requests overlap
 
 Inventory = Callable[..., Path]
@@ -176,8 +181,9 @@ def test_a_server_that_exits_at_start_names_host_rank_status_and_its_log(invento
 
 @pytest.fixture
 def over_ssh(sshd_lab: SshdLab, sshd_host: SshdInstance, inventory: Inventory, tmp_path: Path) -> Path:
-    """The example inventory with its host reached over a real sshd whose key is in a strict known_hosts."""
-    return inventory(**ssh_edits(sshd_lab, sshd_host, tmp_path))
+    """The example inventory with its host reached over a real sshd whose key is in a strict known_hosts,
+    and a second copy of the build with prefix caching (an A/A pair)."""
+    return inventory(builds=CACHING_AGAIN, **ssh_edits(sshd_lab, sshd_host, tmp_path))
 
 
 @pytest.mark.sshd
@@ -186,25 +192,27 @@ def test_the_mooncake_slice_replayed_over_a_real_sshd_decides_prefix_caching(ove
     """examples/vllm-trace.yaml as it is committed: the shipped slice of Mooncake's conversation trace
     (1,000 records, blocks of 16 tokens) replayed open loop on its timestamps ten times faster, streamed,
     at a KV cache of 48 MiB (under a third of the slice's blocks, so eviction decides what is served),
-    over a real sshd with strict host keys. Prefix caching in blocks of 128 and of 32 each pass the warm
-    half's hit-rate gain against no caching and keep the KV cache; without caching nothing is served.
+    over a real sshd with strict host keys. Prefix caching in blocks of 128 and of 32 (and a second copy of
+    the 128 build) each pass the warm half's hit-rate gain against no caching and keep the KV cache;
+    without caching nothing is served. From the same starts, blocks of 32 against 128 are decided and the
+    128 build against its copy (A/A) does not pass.
     No time is asserted: the tiny model's prefill is milliseconds, which a loaded machine's stalls pass
     (the example says so)."""
     run = run_qualify(over_ssh, tmp_path / "reports", "--scenario", str(TRACE), "--candidate",
-                      "prefix-caching,prefix-caching-32", *THREE_STARTS, timeout_s=3000)
+                      "prefix-caching,prefix-caching-32,prefix-caching-again", *THREE_STARTS, timeout_s=3000)
     assert run.returncode == 0, run.output
-    for arm in ("prefix-caching", "prefix-caching-32"):
+    for arm in ("prefix-caching", "prefix-caching-32", "prefix-caching-again"):
         got = verdicts(run, arm, "vllm-trace")
         for name in ("hit_rate[replay]", "kv_pages[startup]"):
             assert got[name]["outcome"] == "pass", got[name]["reason"]
     assert {t["outcome"] for t in rows(run, "trials.csv")} == {"ok"}
     warm = {build: samples_of(run, "hit_rate", build, "replay")
-            for build in ("no-prefix-caching", "prefix-caching", "prefix-caching-32")}
+            for build in ("no-prefix-caching", "prefix-caching", "prefix-caching-32", "prefix-caching-again")}
     assert all(len(rates) == 3 for rates in warm.values()), warm
     assert set(warm["no-prefix-caching"]) == {0}
     # the slice's whole-block prefix hits with an unbounded cache are 21.2 % (docs/traces.md): no
     # bounded cache serves more of the warm half; 6,144 of the trace's blocks serve a few points
-    assert all(0.03 < rate < 0.212 for build in ("prefix-caching", "prefix-caching-32") for rate in warm[build]), warm
+    assert all(0.03 < rate < 0.212 for build in warm if build != "no-prefix-caching" for rate in warm[build]), warm
     # the open loop's lateness and the streamed tokens' times (each chunk's token IDs: the server has no
     # tokenizer, so their text is empty) are one figure per start of every build, none NaN
     for figure in ("lateness_p99_s", "ttft_p50_s", "itl_p50_s"):
@@ -214,6 +222,33 @@ def test_the_mooncake_slice_replayed_over_a_real_sshd_decides_prefix_caching(ove
     summary = (run.run_dir() / "summary.md").read_text(encoding="utf-8")
     assert "vllm-trace" in summary and "Hit rate" in summary
     check_trace_predictions(run, warm)
+    check_pairs_decided(run, tmp_path, warm)
+
+
+def check_pairs_decided(run: QualifyRun, tmp_path: Path, warm: dict[str, list[float]]) -> None:
+    """The candidates decided against each other from the run's folder (`cache-qualify decide`, no more
+    starts): blocks of 32 against 128 are decided, pass or fail, on the warm hit rate; the build with
+    caching against its own copy (A/A) does not pass."""
+    blocks = decide_pair_of(run, tmp_path, "prefix-caching", "prefix-caching-32")
+    hit = blocks["verdicts"]["hit_rate-gain[replay]"]
+    assert hit["outcome"] in ("pass", "fail"), (warm, hit["reason"])
+    assert hit["trials_baseline"] == hit["trials_candidate"] == 3, hit
+    assert (hit["baseline_mean"], hit["candidate_mean"]) == pytest.approx(
+        (sum(warm["prefix-caching"]) / 3, sum(warm["prefix-caching-32"]) / 3)), hit
+    same = decide_pair_of(run, tmp_path, "prefix-caching", "prefix-caching-again")
+    assert same["status"] == 1 and same["outcome"] != "pass", same
+    assert same["verdicts"]["hit_rate-gain[replay]"]["outcome"] != "pass", same["verdicts"]
+
+
+def decide_pair_of(run: QualifyRun, tmp_path: Path, baseline: str, candidate: str) -> dict[str, Any]:
+    """`cache-qualify decide` on the run's folder: its JSON, its verdicts by id, and its exit status."""
+    out = tmp_path / f"{candidate}-vs-{baseline}.json"
+    done = subprocess.run([sys.executable, "-m", "cache_qualify.cli", "decide", str(run.run_dir()), "--baseline",
+                           baseline, "--candidate", candidate, "--json", str(out)], capture_output=True, text=True,
+                          cwd=REPO, timeout=300, check=False)
+    assert done.returncode in (0, 1) and out.exists(), done.stdout + done.stderr
+    got = json.loads(out.read_text(encoding="utf-8"))
+    return {**got, "status": done.returncode, "verdicts": {v["id"]: v for v in got["verdicts"]}}
 
 
 def check_trace_predictions(run: QualifyRun, warm: dict[str, list[float]]) -> None:
