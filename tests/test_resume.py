@@ -7,18 +7,20 @@ short scenario (the study's A and A-new-start, 4,000 tokens each).
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import signal
 import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from cache_qualify.samples.store import OK, SampleStore
-from tests.support.labfixtures import (inventory_port, run_qualify, small_scenario_option, start_qualify,
-                                       wait_no_sim_processes, write_inventory)
+from tests.support.labfixtures import (REPO, inventory_port, qualify_command, run_qualify, small_scenario_option,
+                                       start_qualify, wait_no_sim_processes, write_inventory)
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -115,6 +117,38 @@ def test_termination_signal_mid_trial_is_a_cancel_and_resume_completes(tmp_path:
     interrupt_and_resume(tmp_path, stop)
 
 
+def test_a_cancel_while_the_plots_are_drawn_keeps_the_decision_and_the_summary(tmp_path: Path) -> None:
+    """SIGTERM after the decision, while the report's PNGs are drawn: no traceback, the run's decided exit
+    status (outcome.json's), summary.md written and saying the plots were being drawn, one line naming
+    the command that draws them; `cache-qualify report` then draws them all."""
+    inventory = write_inventory(tmp_path, noise="quiet")
+    reports = tmp_path / "reports"
+    run_dir = reports / RUN_ID
+    command = [a for a in qualify_command(inventory, reports, "--run-id", RUN_ID,
+                                          *small_scenario_option(tmp_path, SCENARIO), *OPTIONS) if a != "--no-plots"]
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    plots = run_dir / "plots"
+    wait_for(lambda: plots.is_dir() and any(plots.glob("*.png")), 180, "the first plot drawn", every_s=0.002,
+             process=proc)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    cut = len(list(plots.glob("*.png")))
+    outcome = json.loads((run_dir / "outcome.json").read_text(encoding="utf-8"))
+    assert proc.returncode == outcome["exit_status"] == 0 and "Traceback" not in output, output
+    assert (f"cancelled while the report's plots were drawn: `cache-qualify report {run_dir}` draws them"
+            in output), output
+    summary = (run_dir / "summary.md").read_text(encoding="utf-8")
+    assert "Being drawn when this summary was written; if they are not shown here, the run stopped" in summary
+    assert "![" not in summary, summary
+    redrawn = subprocess.run([sys.executable, "-m", "cache_qualify.cli", "report", str(run_dir)], cwd=REPO,
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert redrawn.returncode == 0, redrawn.stderr
+    drawn = len(list(plots.glob("*.png")))
+    summary = (run_dir / "summary.md").read_text(encoding="utf-8")
+    assert cut < drawn and summary.count("![") == drawn and "Being drawn" not in summary, (cut, drawn)
+
+
 def test_sigkill_of_pytest_mid_trial_keeps_samples_and_resume_completes(tmp_path: Path) -> None:
     interrupt_and_resume(tmp_path, signal.SIGKILL)
 
@@ -125,8 +159,6 @@ def test_resume_refuses_options_that_change_what_the_run_measures(tmp_path: Path
     first = run_qualify(inventory, reports, "--run-id", RUN_ID, "--preflight-only", *OPTIONS)
     assert first.returncode == 0, first.output
     # plan.json records the options by the names a user types
-    import json
-
     path = reports / RUN_ID / "plan.json"
     plan = json.loads(path.read_text(encoding="utf-8"))
     assert plan["options"]["--trials"] == 2 and not any(k.startswith("cq_") for k in plan["options"]), plan
@@ -151,8 +183,6 @@ def test_resume_refuses_options_that_change_what_the_run_measures(tmp_path: Path
 def test_resume_continues_a_run_folder_written_before_plans_recorded_their_builds(tmp_path: Path) -> None:
     """A plan of version 1 (no builds, no history, no version: as runs wrote it before) is continued, and
     completed with the builds of the inventory it continues with; a plan newer than this suite is refused."""
-    import json
-
     inventory = write_inventory(tmp_path, noise="quiet")
     reports = tmp_path / "reports"
     scenario = small_scenario_option(tmp_path, SCENARIO)
@@ -180,8 +210,6 @@ def test_resume_decides_only_what_the_run_was_started_to_decide(tmp_path: Path) 
     only, so resuming it with another -k (none included, under xdist too) is refused in one line before
     any lab time, and before collection says a word (it printed `28 deselected` first), and with the same
     -k it decides those only."""
-    import json
-
     inventory, reports = write_inventory(tmp_path, noise="quiet"), tmp_path / "reports"
     run_dir, chosen = reports / RUN_ID, "hit_rate-no_regression[A-new-start]"
     proc = start_qualify(inventory, reports, "--run-id", RUN_ID, "-k", "hit_rate",
