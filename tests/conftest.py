@@ -25,7 +25,7 @@ from typing import IO, TYPE_CHECKING
 import pytest
 
 from cache_qualify.lab.transport import LocalTransport, Transport
-from cache_qualify.session.xdist import deal_by_group, tag_xdist_groups
+from cache_qualify.session.xdist import deal_by_group, tag_xdist_groups, xdist_group
 from tests.support.httpfixtures import StubServer
 from tests.support.waiting import NotInTime, wait_for
 
@@ -170,21 +170,15 @@ def front_of_the_queue(item: pytest.Item) -> bool:
     return item.get_closest_marker("slow") is not None or item.get_closest_marker("xdist_group") is not None
 
 
-def group_of(item: pytest.Item) -> str | None:
-    marker = item.get_closest_marker("xdist_group")
-    if marker is None:
-        return None
-    return str(marker.args[0] if marker.args else marker.kwargs.get("name", "default"))
-
-
 def queue_order(items: Sequence[pytest.Item]) -> list[pytest.Item]:
     """The costly tests first, the largest xdist_group among them first, each module's order kept (a
     stable sort). A group runs on one worker, test after test: the real vLLM's is about 20 minutes of
     server starts, and queued behind the other costly tests it started 16 minutes into a clean-clone
     run, whose other worker then sat idle for the last 16."""
-    sizes = Counter(group_of(item) for item in items)
+    groups = {item.nodeid: xdist_group(item) for item in items}
+    sizes = Counter(groups.values())
     return sorted(items, key=lambda item: (not front_of_the_queue(item),
-                                           -sizes[group] if (group := group_of(item)) is not None else -1))
+                                           -sizes[group] if (group := groups[item.nodeid]) is not None else -1))
 
 
 @pytest.hookimpl(trylast=True)  # after xdist's worker has tagged the node ids with their groups
