@@ -88,6 +88,14 @@ def test_what_the_folder_lacks_is_one_line_naming_it(three_builds: QualifyRun, a
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+def test_a_json_file_that_cannot_be_written_is_one_line(three_builds: QualifyRun, tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("", encoding="utf-8")
+    out = tmp_path / "a-file" / "pair.json"
+    done = decide(three_builds.run_dir(), "--baseline", "set4", "--candidate", "two_choice", "--json", str(out))
+    assert done.returncode == 2 and done.stderr.startswith(f"cache-qualify: error: --json {out}: cannot write it: ")
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
+
+
 def test_a_missing_folder_is_named(tmp_path: Path) -> None:
     done = decide(tmp_path / "nope", "--baseline", "a", "--candidate", "b")
     assert done.returncode == 2 and f"{tmp_path / 'nope'}: no such run folder" in done.stderr, done.stderr
