@@ -17,15 +17,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 import pytest
 
 from cache_qualify.lab.transport import LocalTransport, Transport
-from cache_qualify.session.xdist import deal_by_group, tag_xdist_groups, xdist_group
+from cache_qualify.session.xdist import deal_by_group, tag_xdist_groups
 from tests.support.httpfixtures import StubServer
 from tests.support.waiting import NotInTime, wait_for
 
@@ -170,17 +169,6 @@ def front_of_the_queue(item: pytest.Item) -> bool:
     return item.get_closest_marker("slow") is not None or item.get_closest_marker("xdist_group") is not None
 
 
-def queue_order(items: Sequence[pytest.Item]) -> list[pytest.Item]:
-    """The costly tests first, the largest xdist_group among them first, each module's order kept (a
-    stable sort). A group runs on one worker, test after test: the real vLLM's is about 20 minutes of
-    server starts, and queued behind the other costly tests it started 16 minutes into a clean-clone
-    run, whose other worker then sat idle for the last 16."""
-    groups = {item.nodeid: xdist_group(item) for item in items}
-    sizes = Counter(groups.values())
-    return sorted(items, key=lambda item: (not front_of_the_queue(item),
-                                           -sizes[group] if (group := groups[item.nodeid]) is not None else -1))
-
-
 @pytest.hookimpl(trylast=True)  # after xdist's worker has tagged the node ids with their groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """No test is rerun unless it says why: a ``flaky`` marker (pytest-rerunfailures) without a
@@ -192,7 +180,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if rerun is not None and not rerun.kwargs.get("reason"):
             raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.flaky needs reason=..., what makes it fail "
                                     f"now and then (a rerun is a flake to fix, not to hide)")
-    items[:] = queue_order(items)
+    items.sort(key=lambda item: not front_of_the_queue(item))
     tag_xdist_groups(config, items)
 
 
