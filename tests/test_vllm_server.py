@@ -151,18 +151,24 @@ def stream_lines(server: LlamaServer, body: dict[str, Any]) -> list[dict[str, An
     return [json.loads(chunk) for chunk in data[:-1]]
 
 
-def test_without_a_tokenizer_a_stream_s_text_is_empty_and_its_token_ids_time_each_token(caching_on: Served) -> None:
-    """--skip-tokenizer-init: each generated token is a chunk of its own whose text is empty, so a client
-    that times text sees no token; asked `return_token_ids`, the chunk carries the token's ID. The
-    replay's client, shaped by the vllm profile, times all four tokens and reads the usage chunk."""
+def test_without_a_tokenizer_a_stream_s_text_is_empty_and_its_token_ids_time_each_chunk(caching_on: Served) -> None:
+    """--skip-tokenizer-init: every token chunk's text is empty, so a client that times text sees no token;
+    asked `return_token_ids`, each chunk carries its tokens' IDs. A chunk is one token while the server
+    keeps up, but a loaded server merges tokens (a CI run saw 4 tokens in 3 chunks), so only the IDs'
+    total is pinned. The replay's client, shaped by the vllm profile, stamps every chunk that brings
+    tokens (one inter-token gap per chunk, as `vllm bench serve` counts) and reads the usage chunk."""
     p, _ = prompts()
     body = {"model": MODEL_NAME, "prompt": p[:64], "max_tokens": 4, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     for ids in (False, True):
         chunks = stream_lines(caching_on.server, {**body, "return_token_ids": ids})
         tokens = [c["choices"][0] for c in chunks if c["choices"]]
-        assert len(tokens) == 4 and all(t["text"] == "" for t in tokens), chunks
-        assert [len(t.get("token_ids") or ()) for t in tokens] == ([1] * 4 if ids else [0] * 4), tokens
+        assert 1 <= len(tokens) <= 4 and all(t["text"] == "" for t in tokens), chunks
+        counts = [len(t.get("token_ids") or ()) for t in tokens]
+        if ids:
+            assert sum(counts) == 4 and min(counts) >= 1, tokens
+        else:
+            assert counts == [0] * len(tokens), tokens
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
     shape = RequestShape.of_profile(resolve("vllm"), stream=True, model_name=MODEL_NAME)
 
@@ -172,7 +178,8 @@ def test_without_a_tokenizer_a_stream_s_text_is_empty_and_its_token_ids_time_eac
 
     got = asyncio.run(send())
     assert got.error == "" and got.output_tokens == 4 and got.prompt_tokens == 64, got
-    assert len(got.token_times_s) == 4 and 0 < got.token_times_s[0] <= got.token_times_s[-1] <= got.e2e_s, got
+    times = got.token_times_s
+    assert 1 <= len(times) <= 4 and 0 < times[0] and list(times) == sorted(times) and times[-1] <= got.e2e_s, got
 
 
 def test_sigterm_stops_each_server_and_its_processes(caching_on: Served, caching_off: Served) -> None:

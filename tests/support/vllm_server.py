@@ -10,8 +10,8 @@ the test's flags, its output in a log file, and raises
 The flags every start takes (`BASE_FLAGS`) keep it light on a shared 2-core machine: float32 and
 eager mode (no compile warm-up), ``--distributed-executor-backend uni`` (which the CPU build turns
 into a worker process of its own; ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` would keep it in the engine's
-process and start 8 to 13 s sooner, but then the stream carries several tokens in a chunk, which the
-facts pinned here do not), a KV cache of a set size (``--kv-cache-memory-bytes``: no profiling run to
+process and start 8 to 13 s sooner, but then the stream merged tokens on a quiet machine, 3 chunks for
+4 tokens, where the default build merges them only under load), a KV cache of a set size (``--kv-cache-memory-bytes``: no profiling run to
 size it).
 """
 
