@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support.bench_forward import forwarded_lab
-from tests.support.labfixtures import REPO, inventory_port, wait_no_sim_processes, write_inventory
+from tests.support.labfixtures import inventory_port, run_cli, wait_no_sim_processes, write_inventory
 from tests.support.sshd import SshdLab
 
 NUMBER = r"\d+(?:\.\d+)?"
@@ -25,8 +24,7 @@ def timed_lab(tmp_path: Path) -> Path:
 
 
 def bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cache_qualify.cli", "bench-harness", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    return run_cli("bench-harness", *args)
 
 
 @pytest.mark.slow
@@ -76,8 +74,7 @@ def test_missing_inventory_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def lifecycle(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cache_qualify.cli", "bench-lifecycle", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    return run_cli("bench-lifecycle", *args)
 
 
 @pytest.mark.slow
@@ -143,9 +140,7 @@ def test_reports_the_forwarded_routes_cost_against_direct_gets(sshd_lab: SshdLab
 @pytest.mark.slow
 def test_bench_replay_prints_both_loops_lateness_and_their_ratio(tmp_path: Path) -> None:
     inventory = timed_lab(tmp_path)
-    done = subprocess.run([sys.executable, "-m", "cache_qualify.cli", "bench-replay", "--hosts", str(inventory),
-                           "--requests", "40", "--rate", "50"], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    done = run_cli("bench-replay", "--hosts", str(inventory), "--requests", "40", "--rate", "50")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert re.fullmatch(rf"bench-replay: build set4, 40 streamed requests at 50/s, 16-token prompts; "

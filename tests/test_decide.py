@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from cache_qualify.samples.rundata import load_run
 from cache_qualify.stats.pairwise import decide_pair, recorded_assertions
-from tests.support.labfixtures import REPO, QualifyRun, committed_inventory, run_qualify, write_inventory
+from tests.support.labfixtures import QualifyRun, committed_inventory, run_cli, run_qualify, write_inventory
 
 pytestmark = pytest.mark.xdist_group("decide-run")
 
@@ -31,8 +30,7 @@ def three_builds(tmp_path_factory: pytest.TempPathFactory) -> QualifyRun:
 
 
 def decide(run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cache_qualify.cli", "decide", str(run_dir), *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    return run_cli("decide", str(run_dir), *args, timeout_s=120)
 
 
 def test_the_run_s_own_pair_decides_as_the_run_did(three_builds: QualifyRun, tmp_path: Path) -> None:

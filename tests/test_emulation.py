@@ -20,7 +20,7 @@ from cache_qualify.emulation.vllm_block import VllmBlockCache
 from cache_qualify.errors import EmulationError
 from tests.support import vllm_build
 from tests.support.emulation_reference import ReferenceRadix, reference_llama
-from tests.support.labfixtures import REPO
+from tests.support.labfixtures import REPO, run_cli
 
 
 def random_prompts(rng: np.random.Generator, *, count: int, longest: int, vocabulary: int = 3) -> list[np.ndarray]:
@@ -237,8 +237,7 @@ NUMBER = r"\d+(?:\.\d+)?"
 @pytest.mark.slow
 def test_the_benchmark_prints_both_speeds_and_their_ratio() -> None:
     """`bench-prefix-emulator` on a small workload: its lines, and a ratio that is the two speeds'."""
-    done = subprocess.run([sys.executable, "-m", "cache_qualify.cli", "bench-prefix-emulator", "--requests", "200",
-                           "--repeat", "1"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = run_cli("bench-prefix-emulator", "--requests", "200", "--repeat", "1")
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert re.search(rf"^bench-prefix-emulator: vLLM block cache, 200 prompts .* blocks of 16 tokens, 20,000 "

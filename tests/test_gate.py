@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,8 +19,8 @@ import pytest
 from cache_qualify.config.scenario import find_scenario, load_scenario
 from cache_qualify.config.profiles import resolve
 from cache_qualify.stats.scenario_assertions import assertions_for
-from tests.support.labfixtures import (QualifyRun, committed_inventory, inventory_port, run_qualify, wait_no_sim_processes,
-                                       write_inventory)
+from tests.support.labfixtures import (QualifyRun, committed_inventory, inventory_port, run_cli, run_qualify,
+                                       wait_no_sim_processes, write_inventory)
 
 pytestmark = pytest.mark.slow
 
@@ -127,8 +125,7 @@ def test_a_run_without_plots_says_how_to_draw_them_and_the_report_command_does(
     summary = (copy / "summary.md").read_text(encoding="utf-8")
     assert f"Not drawn in this run (`--no-plots`): `cache-qualify report {default_run.run_dir()}`" in summary
     assert not list(copy.glob("plots/*.png"))
-    done = subprocess.run([sys.executable, "-m", "cache_qualify.cli", "report", str(copy)], capture_output=True,
-                          text=True, timeout=120)
+    done = run_cli("report", str(copy), timeout_s=120)
     assert done.returncode == 0, done.stderr
     drawn = sorted(p.name for p in (copy / "plots").glob("*.png"))
     assert drawn == ["reread-1g-kv-pages.png", "reread-1g-requests.png", "reread-1g-startup-s.png"]
@@ -175,8 +172,7 @@ def test_plan_samples_of_a_run_sizes_its_own_assertions_at_its_alpha_in_seconds(
     the four gains sharing the power; in seconds (main took minutes sizing 62 quantities as gains at 0)."""
     def plan(folder: Path) -> tuple[list[dict[str, object]], float]:
         began = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "cache_qualify.cli", "plan", "--samples", str(folder), "--json"],
-                              capture_output=True, text=True, timeout=600, check=False)
+        done = run_cli("plan", "--samples", str(folder), "--json", timeout_s=600)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout), time.monotonic() - began
 

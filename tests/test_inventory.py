@@ -20,7 +20,7 @@ from cache_qualify.config.inventory import (Host, Inventory, check_address, inve
 from cache_qualify.config import yamlsource
 from cache_qualify.config.scenario import SCENARIO_DIR
 from cache_qualify.config.yamlsource import load_yaml
-from tests.support.labfixtures import REPO, edited, write_file
+from tests.support.labfixtures import REPO, edited, run_cli, write_file
 
 
 # A small valid inventory; each malformed case edits one piece of its text, so
@@ -428,8 +428,9 @@ def test_example_and_readme_describe_the_http_route() -> None:
                                             ("scenario", "scenario.schema.json")])
 def test_committed_schema_is_current(kind: str, file: str) -> None:
     args = ["schema"] + (["--scenario"] if kind == "scenario" else [])
-    printed = subprocess.run([sys.executable, "-m", "cache_qualify.cli", *args], capture_output=True, text=True,
-                             timeout=60, check=True, cwd=REPO).stdout
+    done = run_cli(*args, timeout_s=60)
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout
     committed = json.loads((REPO / "fixtures" / "cache_qualify" / "config" / "schema" / file).read_text(encoding="utf-8"))
     assert json.loads(printed) == committed == json_schema(kind)  # type: ignore[arg-type]
 

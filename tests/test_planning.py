@@ -6,8 +6,6 @@ import csv
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ from cache_qualify.sizing.planning import per_gain_power, planned_trials, sequen
 from cache_qualify.stats.power import SD_CONFIDENCE, sd_upper
 from cache_qualify.stats.verdict import power_of
 from tests.support.history_sim import write_folder
+from tests.support.labfixtures import run_cli
 
 COLUMNS = ("run", "scenario", "build", "trial", "block", "request", "host", "rank", "metric", "value")
 
@@ -42,8 +41,7 @@ def _write_pilot(path: Path, *, builds: dict[str, float], sd: float, trials: int
 def test_plan_from_a_min_effect_runs_as_a_console_script_and_sizes_the_rule_as_implemented() -> None:
     """A gain is H0 "improvement <= min_effect": sized for a true 1.5 x min_effect, i.e. 0.5 x min_effect
     from the null, on paired blocks (differences vary by sqrt(2) x sd)."""
-    done = subprocess.run([sys.executable, "-m", "cache_qualify.cli", "plan", "--min-effect", "0.002", "--sd",
-                           "0.001", "--json"], capture_output=True, text=True, timeout=60, check=False)
+    done = run_cli("plan", "--min-effect", "0.002", "--sd", "0.001", "--json", timeout_s=60)
     assert done.returncode == 0, done.stderr
     [row] = json.loads(done.stdout)
     n = row["trials_per_build"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.labfixtures import REPO, run_qualify, write_inventory
+from tests.support.labfixtures import REPO, run_cli, run_qualify, write_inventory
 
 
 def pytest_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -145,8 +145,8 @@ def test_the_test_option_offers_every_registered_method() -> None:
 
 
 def test_the_plugin_import_benchmark_prints_its_cost_against_pytest() -> None:
-    proc = subprocess.run([sys.executable, "-m", "cache_qualify.cli", "bench-plugin-import", "--repeat", "1"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
+    proc = run_cli("bench-plugin-import", "--repeat", "1", timeout_s=120)
+    assert proc.returncode == 0, proc.stderr
     assert re.fullmatch(r"bench-plugin-import: `import cache_qualify.plugin` \d+ ms, `import pytest` \d+ ms "
                         r"\(median of 1 fresh interpreters each, alternated\): ratio \d+\.\d\d, "
                         r"the plugin's own [+-]\d+ ms\n", proc.stdout), proc.stdout

@@ -9,8 +9,6 @@ the emulated server's own output, fetched verbatim (it logs its KV cache as any 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,8 @@ import yaml
 from cache_qualify.history.store import History, default_url
 from cache_qualify.samples.runfolder import LOGS_DIR
 from cache_qualify.samples.store import STARTUP
-from tests.support.labfixtures import inventory_port, run_qualify, small_scenario, wait_no_sim_processes, write_inventory
+from tests.support.labfixtures import (inventory_port, run_cli, run_qualify, small_scenario, wait_no_sim_processes,
+                                       write_inventory)
 
 pytestmark = pytest.mark.slow
 
@@ -52,8 +51,7 @@ def test_what_the_runtime_does_not_declare_appears_in_no_file_and_no_history_row
     assert wait_no_sim_processes(inventory_port(inventory)) == [], "an emulated server was left running"
     assert run.returncode == 0, run.output
     folder = run.run_dir()
-    drawn = subprocess.run([sys.executable, "-m", "cache_qualify.cli", "report", str(folder)], capture_output=True,
-                           text=True, timeout=120)
+    drawn = run_cli("report", str(folder), timeout_s=120)
     assert drawn.returncode == 0, drawn.stderr
     assert not DROPPED.search(run.output + drawn.stdout + drawn.stderr)
 

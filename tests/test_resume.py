@@ -12,15 +12,14 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from cache_qualify.samples.store import OK, SampleStore
-from tests.support.labfixtures import (REPO, inventory_port, qualify_command, run_qualify, small_scenario_option,
-                                       start_qualify, wait_no_sim_processes, write_inventory)
+from tests.support.labfixtures import (REPO, inventory_port, qualify_command, run_cli, run_qualify,
+                                       small_scenario_option, start_qualify, wait_no_sim_processes, write_inventory)
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -141,8 +140,7 @@ def test_a_cancel_while_the_plots_are_drawn_keeps_the_decision_and_the_summary(t
     summary = (run_dir / "summary.md").read_text(encoding="utf-8")
     assert "Being drawn when this summary was written; if they are not shown here, the run stopped" in summary
     assert "![" not in summary, summary
-    redrawn = subprocess.run([sys.executable, "-m", "cache_qualify.cli", "report", str(run_dir)], cwd=REPO,
-                             capture_output=True, text=True, timeout=120, check=False)
+    redrawn = run_cli("report", str(run_dir), timeout_s=120)
     assert redrawn.returncode == 0, redrawn.stderr
     drawn = len(list(plots.glob("*.png")))
     summary = (run_dir / "summary.md").read_text(encoding="utf-8")

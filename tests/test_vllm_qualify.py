@@ -17,8 +17,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.support.examples import adapt_example, assert_predicted_is_measured, outcomes, ssh_edits
-from tests.support.labfixtures import REPO, QualifyRun, run_qualify
+from tests.support.labfixtures import REPO, QualifyRun, run_cli, run_qualify
 from tests.support.vllm_server import vllm  # noqa: F401  (the fixture)
 
 if TYPE_CHECKING:
@@ -243,9 +241,7 @@ def check_pairs_decided(run: QualifyRun, tmp_path: Path, warm: dict[str, list[fl
 def decide_pair_of(run: QualifyRun, tmp_path: Path, baseline: str, candidate: str) -> dict[str, Any]:
     """`cache-qualify decide` on the run's folder: its JSON, its verdicts by id, and its exit status."""
     out = tmp_path / f"{candidate}-vs-{baseline}.json"
-    done = subprocess.run([sys.executable, "-m", "cache_qualify.cli", "decide", str(run.run_dir()), "--baseline",
-                           baseline, "--candidate", candidate, "--json", str(out)], capture_output=True, text=True,
-                          cwd=REPO, timeout=300, check=False)
+    done = run_cli("decide", str(run.run_dir()), "--baseline", baseline, "--candidate", candidate, "--json", str(out))
     assert done.returncode in (0, 1) and out.exists(), done.stdout + done.stderr
     got = json.loads(out.read_text(encoding="utf-8"))
     return {**got, "status": done.returncode, "verdicts": {v["id"]: v for v in got["verdicts"]}}

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +17,12 @@ from cache_qualify.sim.reference import ReferenceRowCache
 from cache_qualify.sim.layout import POLICIES
 from cache_qualify.sim.rowcache import RowCache
 from cache_qualify.trials.workload import study_sequence
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cache_qualify.cli", *args], capture_output=True,
-                          text=True, timeout=300)
+from tests.support.labfixtures import run_cli
 
 
 @pytest.fixture(scope="module")
 def default_runs() -> dict[str, dict[str, Any]]:
-    done = cli("emulate", "--json")
+    done = run_cli("emulate", "--json")
     assert done.returncode == 0, done.stderr
     runs = [json.loads(line) for line in done.stdout.splitlines()]
     return {run["policy"]: run for run in runs}
@@ -62,7 +56,7 @@ def test_default_sequence_at_1_gib_lands_in_the_reports_regime(
 
 @pytest.mark.slow
 def test_table_is_shaped_like_the_reports() -> None:
-    done = cli("emulate", "--policy", "set4", "--policy", "two_choice", "--cache-size", "4G")
+    done = run_cli("emulate", "--policy", "set4", "--policy", "two_choice", "--cache-size", "4G")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert [c.strip() for c in lines[0].split("|")[1:4]] == ["Request", "set4", "two_choice"]
@@ -77,7 +71,7 @@ def test_table_is_shaped_like_the_reports() -> None:
 def test_trace_replay_matches_the_reference(tmp_path: Path) -> None:
     trace = np.random.default_rng(3).integers(0, 3000, 20_000).astype(np.uint64)
     np.save(tmp_path / "trace.npy", trace)
-    done = cli("emulate", "--trace", str(tmp_path / "trace.npy"), "--gather", "50",
+    done = run_cli("emulate", "--trace", str(tmp_path / "trace.npy"), "--gather", "50",
                "--capacity-rows", "1024", "--policy", "set8,lru4", "--sketch-bytes", "4K",
                "--seed", "9", "--json")
     assert done.returncode == 0, done.stderr
@@ -99,7 +93,7 @@ def test_trace_replay_matches_the_reference(tmp_path: Path) -> None:
     (["--cache-size", "1G", "--capacity-rows", "8"], r"not allowed with argument --cache-size"),
 ])
 def test_bad_options_name_the_option(args: list[str], message: str) -> None:
-    done = cli("emulate", *args)
+    done = run_cli("emulate", *args)
     assert done.returncode == 2
     assert re.search(message, done.stderr), done.stderr
 
@@ -107,7 +101,7 @@ def test_bad_options_name_the_option(args: list[str], message: str) -> None:
 @pytest.mark.slow
 def test_unreadable_trace_is_a_clear_error(tmp_path: Path) -> None:
     np.save(tmp_path / "floats.npy", np.zeros(4))
-    done = cli("emulate", "--trace", str(tmp_path / "floats.npy"))
+    done = run_cli("emulate", "--trace", str(tmp_path / "floats.npy"))
     assert done.returncode == 2
     assert "floats.npy: expected a 1-D integer array of row IDs (uint64), found shape (4,) of float64" \
         in done.stderr
@@ -129,7 +123,7 @@ def test_replay_per_request_deltas_add_up() -> None:
 @pytest.mark.slow
 def test_bench_reports_lookups_per_second_and_the_reference_ratio() -> None:
     """Well-formed figures only: speed is judged by running the benchmark, not by a test."""
-    done = cli("bench-emulator", "--policy", "set4,two_choice", "--reference-lookups", "20000",
+    done = run_cli("bench-emulator", "--policy", "set4,two_choice", "--reference-lookups", "20000",
                "--repeat", "1", "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
@@ -148,7 +142,7 @@ def test_bench_reports_lookups_per_second_and_the_reference_ratio() -> None:
 
 @pytest.mark.slow
 def test_bench_prints_a_table_of_policy_rate_and_ratio() -> None:
-    done = cli("bench-emulator", "--policy", "lru4", "--reference-lookups", "5000",
+    done = run_cli("bench-emulator", "--policy", "lru4", "--reference-lookups", "5000",
                "--repeat", "1")
     assert done.returncode == 0, done.stderr
     row = re.search(r"^lru4 +(\d+\.\d) M +(\d+\.\d\d) M +(\d+)x$", done.stdout, re.MULTILINE)

@@ -244,6 +244,14 @@ def qualify_command(inventory: Path, reports: Path, *args: str) -> list[str]:
             "-p", "no:cacheprovider", *blocked, "-q", "-rA", "--no-plots", *seeded, *args]
 
 
+def run_cli(*args: str, timeout_s: float = 300.0, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    """`cache-qualify ARGS` in a process of its own, from the repository, its output captured. It runs the
+    package's module under the tests' interpreter, so no console script on PATH is needed (tests that
+    check the console script itself call it by name). A non-zero exit status is returned, not raised."""
+    return subprocess.run([sys.executable, "-m", "cache_qualify.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout_s, check=False)
+
+
 def run_qualify(inventory: Path, reports: Path, *args: str, timeout_s: float = 300.0,
                 env: Mapping[str, str] | None = None) -> QualifyRun:
     """Run the real `pytest qualify` on `inventory`, from the repository, and wait for it."""
