@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cache_qualify.sim.tracebench import zipf_trace
-from tests.sim.test_emulate import cli
+from tests.support.labfixtures import run_cli
 
 
 def test_zipf_trace_is_seeded_and_follows_the_law() -> None:
@@ -35,7 +35,7 @@ def test_bench_trace_times_both_replays_on_one_trace(tmp_path: Path) -> None:
     """Well-formed figures only (speed is judged by running the benchmark); the saved trace
     replayed by `emulate --trace` gives the hit rate the benchmark measured."""
     saved = tmp_path / "zipf.npy"
-    done = cli("bench-trace", "--lookups", "60000", "--gather", "1,64", "--policy", "set4,lru4",
+    done = run_cli("bench-trace", "--lookups", "60000", "--gather", "1,64", "--policy", "set4,lru4",
                "--repeat", "1", "--save", str(saved), "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
@@ -48,18 +48,18 @@ def test_bench_trace_times_both_replays_on_one_trace(tmp_path: Path) -> None:
         assert r["ratio"] == pytest.approx(r["lookups_per_s"] / r["naive_lookups_per_s"])
     assert report["below_target"] == [f"{r['policy']} --gather {r['gather']}" for r in results
                                       if r["ratio"] < report["target_ratio"]]
-    emulated = cli("emulate", "--trace", str(saved), "--gather", "64", "--policy", "set4", "--json")
+    emulated = run_cli("emulate", "--trace", str(saved), "--gather", "64", "--policy", "set4", "--json")
     assert emulated.returncode == 0, emulated.stderr
     assert json.loads(emulated.stdout)["hit_rate"] == pytest.approx(results[1]["hit_rate"], abs=1e-12)
 
 
 @pytest.mark.slow
 def test_bench_trace_prints_a_table_and_names_bad_options() -> None:
-    done = cli("bench-trace", "--lookups", "20000", "--gather", "16", "--repeat", "1")
+    done = run_cli("bench-trace", "--lookups", "20000", "--gather", "16", "--repeat", "1")
     assert done.returncode == 0, done.stderr
     row = re.search(r"^set4 +16 +\d+\.\d% +(\d+\.\d) M +(\d+\.\d) M +(\d+\.\d\d)x$", done.stdout,
                     re.MULTILINE)
     assert row, done.stdout
-    bad = cli("bench-trace", "--lookups", "10", "--zipf-exponent", "0")
+    bad = run_cli("bench-trace", "--lookups", "10", "--zipf-exponent", "0")
     assert bad.returncode == 2
     assert "--zipf-exponent/--universe: need lookups >= 0, universe >= 1 and exponent > 0" in bad.stderr
