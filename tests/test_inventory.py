@@ -442,6 +442,16 @@ def test_schema_command_writes_a_file(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "s.json").read_text(encoding="utf-8")) == json_schema("scenario")
 
 
+def test_schema_command_names_a_file_it_cannot_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from cache_qualify.cli import main
+
+    (tmp_path / "a-file").write_text("", encoding="utf-8")
+    out = tmp_path / "a-file" / "s.json"
+    assert main(["schema", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"cache-qualify: error: --output {out}: cannot write it: ") and len(err.splitlines()) == 1
+
+
 def test_schema_accepts_committed_and_rejects_unknown_keys() -> None:
     schema = json_schema("inventory")
     for path in (REPO / "hosts.yaml", REPO / "examples" / "gb10-lab.yaml"):

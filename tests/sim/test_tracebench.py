@@ -36,7 +36,7 @@ def test_bench_trace_times_both_replays_on_one_trace(tmp_path: Path) -> None:
     replayed by `emulate --trace` gives the hit rate the benchmark measured."""
     saved = tmp_path / "zipf.npy"
     done = run_cli("bench-trace", "--lookups", "60000", "--gather", "1,64", "--policy", "set4,lru4",
-               "--repeat", "1", "--save", str(saved), "--json")
+                   "--repeat", "1", "--save", str(saved), "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["rows"] == 60_000 and np.load(saved).size == 60_000
@@ -63,3 +63,16 @@ def test_bench_trace_prints_a_table_and_names_bad_options() -> None:
     bad = run_cli("bench-trace", "--lookups", "10", "--zipf-exponent", "0")
     assert bad.returncode == 2
     assert "--zipf-exponent/--universe: need lookups >= 0, universe >= 1 and exponent > 0" in bad.stderr
+
+
+@pytest.mark.slow
+def test_bench_trace_saves_where_np_save_would_and_names_a_file_it_cannot_write(tmp_path: Path) -> None:
+    args = ("bench-trace", "--lookups", "1000", "--gather", "1", "--repeat", "1", "--json", "--save")
+    done = run_cli(*args, str(tmp_path / "zipf"))
+    assert done.returncode == 0, done.stderr
+    assert np.load(tmp_path / "zipf.npy").size == 1000 and not (tmp_path / "zipf").exists()
+    (tmp_path / "a-file").write_text("", encoding="utf-8")
+    out = tmp_path / "a-file" / "zipf.npy"
+    bad = run_cli(*args, str(out))
+    assert bad.returncode == 2 and bad.stderr.startswith(f"cache-qualify: error: --save {out}: cannot write it: ")
+    assert len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr, bad.stderr
