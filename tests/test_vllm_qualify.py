@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.support.examples import adapt_example, assert_predicted_is_measured, outcomes, ssh_edits
+from tests.support.examples import (
+    adapt_example, assert_predicted_is_measured, assert_the_status_follows, banded_predictions, outcomes, ssh_edits,
+)
 from tests.support.labfixtures import REPO, QualifyRun, run_cli, run_qualify
 from tests.support.vllm_server import vllm  # noqa: F401  (the fixture)
 
@@ -195,10 +197,10 @@ def test_the_mooncake_slice_replayed_over_a_real_sshd_decides_prefix_caching(ove
     without caching nothing is served. From the same starts, blocks of 32 against 128 are decided and the
     128 build against its copy (A/A) does not pass.
     No time is asserted: the tiny model's prefill is milliseconds, which a loaded machine's stalls pass
-    (the example says so)."""
+    (the example says so). Nor is it asserted that every start falls in the prediction's band: an open
+    loop's requests overlap as much as the machine's load makes the server lag (`check_trace_predictions`)."""
     run = run_qualify(over_ssh, tmp_path / "reports", "--scenario", str(TRACE), "--candidate",
                       "prefix-caching,prefix-caching-32,prefix-caching-again", *THREE_STARTS, timeout_s=3000)
-    assert run.returncode == 0, run.output
     for arm in ("prefix-caching", "prefix-caching-32", "prefix-caching-again"):
         got = verdicts(run, arm, "vllm-trace")
         for name in ("hit_rate[replay]", "kv_pages[startup]"):
@@ -250,20 +252,21 @@ def decide_pair_of(run: QualifyRun, tmp_path: Path, baseline: str, candidate: st
 def check_trace_predictions(run: QualifyRun, warm: dict[str, list[float]]) -> None:
     """Each start's warm half predicted by the vllm-block emulator (every prompt sent, the first half
     included, one at a time from an empty cache) beside its measured hit rate: open loop, requests
-    overlap, so the prediction is the centre of the profile's band (docs/emulation.md), which every
-    start of every build is within (test_prediction passes; the run's status says so too)."""
+    overlap, so the prediction is the centre of the profile's band (docs/emulation.md). The prediction
+    is the one-at-a-time figure whatever the timing; whether a start falls in the band depends on how
+    far the loaded server lagged its schedule, so the checks are held to the starts they count
+    (`banded_predictions`) and the run's status follows them; the band itself is held on recorded starts
+    (tests/test_emulation_trace_predicted.py) and exactly one client at a time (test_vllm_trace_predicted.py)."""
+    out_of_band = banded_predictions(run, "vllm-trace", warm, TRACE_BAND)
+    assert_the_status_follows(run, "vllm-trace", out_of_band)
     listed = json.loads((run.run_dir() / "verdicts.json").read_text(encoding="utf-8"))["predictions"]["vllm-trace"]
     got = {c["build"]: c for c in listed}
-    assert set(got) == set(warm) and {c["request"] for c in listed} == {"replay"}, listed
-    for build, check in got.items():
-        assert not check["exact"] and check["tolerance"] == TRACE_BAND and check["outcome"] == "passed", check
-        assert check["starts"] == check["starts_within"] == len(warm[build]), check
-        assert check["measured"] in warm[build], (check, warm[build])
-    assert got["no-prefix-caching"]["predicted"] == 0
-    assert all(0.03 < got[build]["predicted"] < 0.212 for build in ("prefix-caching", "prefix-caching-32")), got
+    # of the warm half's 206,749 prompt tokens, one at a time: 20,096 cached in blocks of 128, 22,784 in blocks
+    # of 32, as docs/emulation.md and the example say (the copy of the 128 build has its flags, so its figure)
+    assert {build: check["predicted"] for build, check in got.items()} == {
+        "no-prefix-caching": 0, "prefix-caching": 20_096 / 206_749, "prefix-caching-32": 22_784 / 206_749,
+        "prefix-caching-again": 20_096 / 206_749}, got
     cases = run.testcases()
     for build in warm:
-        case = cases[f"test_prediction[vllm-trace:{build}]"]
-        assert case.find("failure") is None and case.find("skipped") is None, run.output[-3000:]
-        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        props = {p.get("name"): p.get("value") for p in cases[f"test_prediction[vllm-trace:{build}]"].iter("property")}
         assert props["predicted_hit_rate[replay]"] == f"{got[build]['predicted']:.6g}", props

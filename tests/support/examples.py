@@ -4,7 +4,8 @@
 port, a run folder under the test's, the test's host edits (an sshd's address) and builds;
 `outcomes` reads each test case's outcome from a run's JUnit file; `ssh_edits` are the host and
 `ssh:` settings that reach a real sshd with a strict known_hosts; `assert_predicted_is_measured` holds
-a real run's predicted hit rates to its measured ones.
+a real run's predicted hit rates to its measured ones; `banded_predictions` checks a trace run's banded
+prediction checks against the starts it measured.
 """
 
 from __future__ import annotations
@@ -87,6 +88,56 @@ def assert_predicted_is_measured(run: QualifyRun, scenario: str, resent: Mapping
                              rf"equal \(exact\) \|$", summary, re.M), (build, request)
         case = cases[f"test_prediction[{scenario}:{build}]"]
         assert case.find("failure") is None and case.find("skipped") is None, run.output[-3000:]
+
+
+def banded_predictions(run: QualifyRun, scenario: str, warm: Mapping[str, Sequence[float]],
+                       band: float) -> set[str]:
+    """The builds whose warm-window prediction check failed, having checked every build's check against the
+    starts it measured (`warm`: each start's hit rate, `banded_checks`) and its test_prediction case: it
+    fails exactly where the check did."""
+    listed = json.loads((run.run_dir() / "verdicts.json").read_text(encoding="utf-8"))["predictions"][scenario]
+    failed = banded_checks(listed, warm, band)
+    cases = run.testcases()
+    for build in warm:
+        case = cases[f"test_prediction[{scenario}:{build}]"]
+        assert (case.find("failure") is not None) == (build in failed), run.output[-3000:]
+        assert case.find("skipped") is None, run.output[-3000:]
+    return failed
+
+
+def banded_checks(listed: Sequence[Mapping[str, Any]], warm: Mapping[str, Sequence[float]], band: float) -> set[str]:
+    """The builds whose check of verdicts.json's `listed` failed, each check held against its starts.
+
+    Where requests overlap (two clients, an open loop) what a start measures depends on how its requests
+    interleaved, which the machine's load changes (a llama-server replay with two clients measured 23.7 %
+    beside vLLM's starts where 26.6 % +- 2.0 was predicted): whether a start falls in the band is the
+    lab's fact, not the suite's. What holds whatever the timing is asserted: each build has one check of
+    the request `replay`, a band (not exact, the tolerance `band`) around one prediction; its measured
+    figure is the start's furthest from the prediction; `starts_within` counts the starts within the
+    band; and it passed exactly when every start is within."""
+    got = {c["build"]: c for c in listed}
+    assert set(got) == set(warm) and len(listed) == len(got) and {c["request"] for c in listed} == {"replay"}, listed
+    failed = set()
+    for build, check in got.items():
+        starts = warm[build]
+        assert not check["exact"] and check["tolerance"] == band and check["starts"] == len(starts), check
+        distance = [abs(rate - check["predicted"]) for rate in starts]
+        assert check["measured"] in starts and abs(check["measured"] - check["predicted"]) == max(distance), \
+            (check, starts)
+        within = sum(d <= band + 1e-12 for d in distance)
+        assert check["starts_within"] == within, (check, starts)
+        assert check["outcome"] == ("passed" if within == len(starts) else "failed"), check
+        if check["outcome"] == "failed":
+            failed.add(build)
+    return failed
+
+
+def assert_the_status_follows(run: QualifyRun, scenario: str, out_of_band: set[str]) -> None:
+    """The run passed, but for the prediction checks `out_of_band`: exactly their test cases failed, and the
+    run's exit status says so."""
+    failing = {name for name, outcome in outcomes(run).items() if outcome == "failed"}
+    assert failing == {f"test_prediction[{scenario}:{build}]" for build in out_of_band}, run.output
+    assert run.returncode == (1 if out_of_band else 0), run.output
 
 
 def ssh_edits(sshd_lab: SshdLab, sshd_host: SshdInstance, folder: Path) -> dict[str, Any]:
