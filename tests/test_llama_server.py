@@ -11,8 +11,10 @@ The server is built when missing; a build that fails fails these tests (never a 
 from __future__ import annotations
 
 import json
+import math
 import re
 import socket
+import statistics
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -242,13 +244,23 @@ def test_counter_values_print_with_six_significant_digits(serve: ServeFn, model:
     assert seconds is not None and len(seconds[1].replace(".", "").lstrip("0")) <= 6
 
 
+def printed_step_s(value: float) -> float:
+    """The step of a counter printed with six significant digits (`%g`) at `value`: 1e-5 s from 1 s."""
+    return 10.0 ** (math.floor(math.log10(value)) - 5) if value > 0 else 0.0
+
+
 @pytest.mark.slow
 def test_counters_have_settled_when_the_response_arrives(serve: ServeFn, model: TinyModel) -> None:
-    """No race: a scrape right after the answer (on another connection) already counts it."""
+    """No race: a scrape right after the answer (on another connection) already counts it. The prompt
+    time counter times the decode calls, the response the whole prompt step from the slot's start: never
+    less, and for most requests a little more. By how much is the machine's doing: a thread of a loaded
+    machine that runs between the slot's start and its first decode widens that request's gap by its
+    time slice, so the gap is bounded for the median request, not for each."""
     server = serve("--metrics", *ONE_SLOT)
     short = prompts(model, seed=4, count=60, length=10)
     long_ = prompts(model, seed=5, count=3)
     sequence = short + [long_[0], long_[0], long_[1], long_[2], long_[1]]
+    gaps_ms = []
     with httpx.Client(base_url=server.base_url, timeout=60) as client, \
             httpx.Client(base_url=server.base_url, timeout=60) as scraper:
         for prompt in sequence:
@@ -259,9 +271,12 @@ def test_counters_have_settled_when_the_response_arrives(serve: ServeFn, model: 
             assert after["prompt_tokens_cached_total"] - before["prompt_tokens_cached_total"] == timings["cache_n"]
             assert after["tokens_predicted_total"] - before["tokens_predicted_total"] == 1
             seconds_ms = (after["prompt_seconds_total"] - before["prompt_seconds_total"]) * 1000
-            # the counter times the decode calls, the response the whole prompt step: a little less
-            assert -0.05 <= timings["prompt_ms"] - seconds_ms <= 5 + 0.05 * timings["prompt_ms"], \
-                (timings["prompt_ms"], seconds_ms)
+            rounding_ms = 1000 * (printed_step_s(before["prompt_seconds_total"]) +
+                                  printed_step_s(after["prompt_seconds_total"]))
+            assert seconds_ms > 0 and timings["prompt_ms"] - seconds_ms >= -rounding_ms, \
+                (timings["prompt_ms"], seconds_ms, rounding_ms)
+            gaps_ms.append(timings["prompt_ms"] - seconds_ms)
+    assert statistics.median(gaps_ms) <= 5, sorted(gaps_ms)
 
 
 # --- what each cache flag reuses on which sequence ---------------------------------------------------
