@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from cache_qualify.config.profiles import resolve
 from cache_qualify.trials.exchange import Exchange, RequestShape, exchange
@@ -32,6 +32,7 @@ from tests.support.waiting import wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
 DATA = Path(__file__).resolve().parent / "data"
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "vllm.yaml"
 PROMPT = 4000
 BLOCK = 128
 
@@ -183,9 +184,10 @@ def test_without_a_tokenizer_a_stream_s_text_is_empty_and_its_token_ids_time_eac
 
 
 def test_sigterm_stops_each_server_and_its_processes(caching_on: Served, caching_off: Served) -> None:
+    """Within the grace the example gives a stop before SIGKILL: a bound a lab's stop keeps whatever the
+    machine's load (a loaded machine stretches a Python process's shutdown as it does its start)."""
+    grace_s = float(yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))["server"]["stop_grace_s"])
     for served in (caching_on, caching_off):
-        started = time.monotonic()
-        assert served.server.stop() == 0, served.server.log_tail()
-        assert time.monotonic() - started < 10
+        assert served.server.stop(grace_s) == 0, served.server.log_tail()   # not SIGKILLed after the grace
         # the engine's processes go with it (vLLM force-kills what is left of them)
-        wait_for(lambda: not group_alive(served.server), 10, "no process left in the server's group")
+        wait_for(lambda: not group_alive(served.server), grace_s, "no process left in the server's group")

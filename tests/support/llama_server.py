@@ -82,12 +82,12 @@ class LlamaServer:
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return "\n".join(self.log().splitlines()[-lines:])
 
-    def stop(self) -> int:
-        """Stop the server (SIGTERM, then SIGKILL after `STOP_TIMEOUT_S`); its exit status."""
+    def stop(self, grace_s: float = STOP_TIMEOUT_S) -> int:
+        """Stop the server (SIGTERM, then SIGKILL after `grace_s`); its exit status."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(STOP_TIMEOUT_S)
+                self.process.wait(grace_s)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
