@@ -42,7 +42,12 @@ def run_dir(sim: SimRun, run_id: str) -> Path:
     return reports(sim, run_id) / run_id
 
 
-def finish(proc: subprocess.Popen[str], sim: SimRun, run_id: str, timeout_s: float = 240.0) -> QualifyRun:
+# a timeout, not a measure: a run waiting for the other's whole qualification, then its own, on a machine
+# whose load (the suite's other worker, a real server's start) can stretch each to minutes
+RUN_TIMEOUT_S = 900.0
+
+
+def finish(proc: subprocess.Popen[str], sim: SimRun, run_id: str, timeout_s: float = RUN_TIMEOUT_S) -> QualifyRun:
     output, _ = proc.communicate(timeout=timeout_s)
     return QualifyRun(proc.returncode, output, reports(sim, run_id))
 
@@ -81,7 +86,7 @@ def test_second_runner_fails_naming_the_holder(tmp_path: Path) -> None:
 
 def test_second_runner_waits_for_the_first(tmp_path: Path) -> None:
     sim = lab(tmp_path)
-    procs = start_both(sim, "--lock-wait", "120")
+    procs = start_both(sim, "--lock-wait", str(int(RUN_TIMEOUT_S)))
     runs = {run_id: finish(proc, sim, run_id) for run_id, proc in procs.items()}
     for run in runs.values():
         assert run.returncode == 0, run.output
