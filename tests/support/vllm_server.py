@@ -30,7 +30,9 @@ from cache_qualify.lab.control import free_port
 from tests.support import vllm_build
 from tests.support.llama_server import LlamaServer, _worker_address, start_until_healthy
 
-READY_TIMEOUT_S = 300.0
+# a start's time out, as examples/vllm.yaml's readiness timeout: about 40 s on two idle cores, 130 to 220 s at a
+# load average of 12 to 16, which the suite's own load (both workers, a llama-server beside) can reach
+READY_TIMEOUT_S = 600.0
 MODEL_NAME = "tiny-llama"
 MAX_MODEL_LEN = 8192
 KV_BYTES = 1 << 30   # 1 GiB: 2,097,152 tokens of the tiny model
