@@ -15,7 +15,7 @@ REFERENCE = re.compile(r"\btests/((?:[\w-]+/)*test_\w+\.py)::(\w+)")
 def functions_of(path: Path) -> set[str]:
     """The test functions of a module, at its top level or in its classes (a parametrized test is one)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    found = set()
+    found: set[str] = set()
     for node in tree.body:
         bodies = node.body if isinstance(node, ast.ClassDef) else [node]
         found.update(f.name for f in bodies if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))

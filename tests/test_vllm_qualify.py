@@ -197,8 +197,7 @@ def test_the_mooncake_slice_replayed_over_a_real_sshd_decides_prefix_caching(ove
     without caching nothing is served. From the same starts, blocks of 32 against 128 are decided and the
     128 build against its copy (A/A) does not pass.
     No time is asserted: the tiny model's prefill is milliseconds, which a loaded machine's stalls pass
-    (the example says so). Nor is it asserted that every start falls in the prediction's band: an open
-    loop's requests overlap as much as the machine's load makes the server lag (`check_trace_predictions`)."""
+    (the example says so)."""
     run = run_qualify(over_ssh, tmp_path / "reports", "--scenario", str(TRACE), "--candidate",
                       "prefix-caching,prefix-caching-32,prefix-caching-again", *THREE_STARTS, timeout_s=3000)
     for arm in ("prefix-caching", "prefix-caching-32", "prefix-caching-again"):
@@ -252,13 +251,15 @@ def decide_pair_of(run: QualifyRun, tmp_path: Path, baseline: str, candidate: st
 def check_trace_predictions(run: QualifyRun, warm: dict[str, list[float]]) -> None:
     """Each start's warm half predicted by the vllm-block emulator (every prompt sent, the first half
     included, one at a time from an empty cache) beside its measured hit rate: open loop, requests
-    overlap, so the prediction is the centre of the profile's band (docs/emulation.md). The prediction
-    is the one-at-a-time figure whatever the timing; whether a start falls in the band depends on how
-    far the loaded server lagged its schedule, so the checks are held to the starts they count
-    (`banded_predictions`) and the run's status follows them; the band itself is held on recorded starts
-    (tests/test_emulation_trace_predicted.py) and exactly one client at a time (test_vllm_trace_predicted.py)."""
-    out_of_band = banded_predictions(run, "vllm-trace", warm, TRACE_BAND)
-    assert_the_status_follows(run, "vllm-trace", out_of_band)
+    overlap, so the prediction is the centre of the profile's band (docs/emulation.md), which every start
+    of every build is within, each check agreeing with the starts it counts (`banded_predictions`), and the
+    run passes. This holds however far a loaded server lags the schedule: the lag queues requests, which
+    hold no KV blocks till scheduled, and vLLM schedules a bounded batch, 2 output tokens a request, so the
+    blocks taken from the cached prefixes stay a few thousand tokens of the 98,304 (the starts measured
+    within 0.2 points of the 2-point band while the replay of 33 s of schedule took 35 to 40 s). Not so
+    with two clients on two llama-server slots (test_llama_qualify.py), where timing picks the slot."""
+    assert banded_predictions(run, "vllm-trace", warm, TRACE_BAND) == set()
+    assert_the_status_follows(run, "vllm-trace", set())
     listed = json.loads((run.run_dir() / "verdicts.json").read_text(encoding="utf-8"))["predictions"]["vllm-trace"]
     got = {c["build"]: c for c in listed}
     # of the warm half's 206,749 prompt tokens, one at a time: 20,096 cached in blocks of 128, 22,784 in blocks

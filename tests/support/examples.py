@@ -108,10 +108,10 @@ def banded_predictions(run: QualifyRun, scenario: str, warm: Mapping[str, Sequen
 def banded_checks(listed: Sequence[Mapping[str, Any]], warm: Mapping[str, Sequence[float]], band: float) -> set[str]:
     """The builds whose check of verdicts.json's `listed` failed, each check held against its starts.
 
-    Where requests overlap (two clients, an open loop) what a start measures depends on how its requests
-    interleaved, which the machine's load changes (a llama-server replay with two clients measured 23.7 %
-    beside vLLM's starts where 26.6 % +- 2.0 was predicted): whether a start falls in the band is the
-    lab's fact, not the suite's. What holds whatever the timing is asserted: each build has one check of
+    Where requests overlap what a start measures can depend on how they interleaved, which the machine's
+    load changes (a llama-server replay with two clients on two slots measured 23.7 % beside vLLM's starts
+    where 26.6 % +- 2.0 was predicted): there whether a start falls in the band is the lab's fact, not the
+    suite's. What holds whatever the timing is asserted here: each build has one check of
     the request `replay`, a band (not exact, the tolerance `band`) around one prediction; its measured
     figure is the start's furthest from the prediction; `starts_within` counts the starts within the
     band; and it passed exactly when every start is within."""
