@@ -91,17 +91,26 @@ def test_a_bad_start_is_one_outlying_trial_with_all_its_waits_high(tmp_path: Pat
     assert wait_no_sim_processes(inventory_port(path)) == []
 
 
+def period_with_trough_at(t_s: float, *, about_s: float) -> float:
+    """A period near `about_s` at which the drift's sine, sin(2 pi t / period) of the wall clock's t, is at
+    its trough at `t_s` (`t_s` over the period ends in .75)."""
+    return t_s / (round(t_s / about_s - 0.75) + 0.75)
+
+
 @pytest.mark.slow
 def test_drift_moves_the_wait_level_between_blocks(tmp_path: Path) -> None:
     """A drift of +-50 % spreads the blocks' waits; without it (quiet) they stay level.
 
-    The drift follows the wall clock, so its period is fitted to this machine: the quiet build's six
-    starts are timed first, and the period is set so that six drifting starts of the same pace
-    step 86 degrees through it (five steps, 1.2 periods). Then the first requests' waits sample
-    the sine all round whatever its phase (max/min at least 2.1 in theory), and still span it at
-    steps of 52 to 120 degrees when the drifting starts run 40 % faster or slower than the quiet
-    ones (at least 1.9). A fixed period either fits a fast machine or a slow one: at 9 s, starts
-    quicker than 1 s spanned a third of it, and the ratio fell to 1.38 in a run of the suite."""
+    The drift follows the wall clock (the sine of the epoch's seconds), so its period and phase are
+    set from this machine's pace: the quiet build's six starts are timed first, and the period is set
+    so that six drifting starts of the same pace span half of it, the first at the sine's trough
+    (factor 0.5) and the last at its crest (1.5): max/min 3 in theory. The pace of the drifting
+    starts is the machine's load's, which moves while the suite runs; from the trough, starts 3.4
+    times faster still reach max/min 1.4 (a sixth of the period), and slower ones span more of it
+    (all of it from 2 times slower, until ten times slower, when every start would fall on a trough).
+    A fixed period either fits a fast machine or a slow one: at 9 s, starts quicker than 1 s spanned
+    a third of it, and the ratio fell to 1.38 in a run of the suite; a phase left to chance held only
+    while the pace stayed within 40 % of the quiet starts'."""
     quiet = [*LOWERED, "--sim-noise", "quiet"]
     scenario = load_scenario(short_scenario(tmp_path, requests=("A", "A-third-read")))
 
@@ -117,10 +126,11 @@ def test_drift_moves_the_wait_level_between_blocks(tmp_path: Path) -> None:
         return first, third, start_s
 
     first, _, start_s = first_and_third("set4-quiet", quiet)
-    period_s = (STARTS - 1) * start_s / 1.2
+    # the first drifting start's first read comes about half a start from now (the lab opens, a rank starts)
+    period_s = period_with_trough_at(time.time() + start_s / 2, about_s=2 * (STARTS - 1) * start_s)
     level = {"set4-quiet": first.max() / first.min()}
     first, third, _ = first_and_third("set4-drifting", [*quiet, "--sim-drift", "0.5", "--sim-drift-period-s",
-                                                      f"{period_s:.3f}"])
+                                                      repr(period_s)])   # every digit: the phase is t / period
     level["set4-drifting"] = first.max() / first.min()
     # a start's requests share its level: the third read moves with the first
     assert np.corrcoef(first, third)[0, 1] > 0.8, (first, third)
