@@ -1,7 +1,8 @@
 """The suite's own rules, kept by reading its source: every `pytest.raises` checks the message
 (`match=`), a test that polls uses `tests.support.waiting.wait_for` (no hand-written deadline
 loop), a rerun says why, helpers live in tests/support/, and the `slow` marker that splits the
-quick tier from the whole suite is registered and enforced; the plugin uses pytest's public API only; and
+quick tier from the whole suite is registered and enforced, no test skips (but on another platform: a
+missing real part fails the test); the plugin uses pytest's public API only; and
 no module of the package passes 450 lines (one split where its responsibilities split, none excepted)."""
 
 from __future__ import annotations
@@ -56,6 +57,41 @@ def test_no_hand_written_deadline_loop() -> None:
             elif isinstance(node, ast.Name) and node.id == "deadline" and isinstance(node.ctx, ast.Store):
                 loops.append(where(path, node))
     assert loops == [], f"poll with tests.support.waiting.wait_for, not a loop of its own: {loops}"
+
+
+SKIPS = {"pytest.skip", "pytest.importorskip", "pytest.xfail", "pytest.mark.skip", "pytest.mark.xfail"}
+
+
+def skips(tree: ast.Module) -> list[ast.AST]:
+    """Every way `tree` skips a test (or expects it to fail) other than on a platform: a test whose real
+    part (sshd, PostgreSQL, Chromium, llama-server, vLLM) is missing must fail, never skip."""
+    found: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and ast.unparse(node) in SKIPS:
+            found.append(node)
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) == "pytest.mark.skipif":
+            conditions = [*node.args, *(k.value for k in node.keywords if k.arg == "condition")]
+            if not conditions or not all("sys.platform" in ast.unparse(c) for c in conditions):
+                found.append(node)
+    return found
+
+
+def test_no_test_skips_but_on_another_platform() -> None:
+    skipped = [where(path, node) for path, tree in sources().items() if path != Path(__file__)
+               for node in skips(tree)]
+    assert skipped == [], f"a test that cannot run fails (with what to install), never skips: {skipped}"
+
+
+def test_the_skip_rule_sees_each_way_to_skip() -> None:
+    tree = ast.parse("import pytest, sys, shutil\n"
+                     "pytest.importorskip('psycopg')\n"
+                     "@pytest.mark.skipif(shutil.which('sshd') is None, reason='no sshd')\n"
+                     "def test_a(): pytest.skip('no server')\n"
+                     "@pytest.mark.skip\n"
+                     "def test_b(): pass\n"
+                     "@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='Linux only')\n"
+                     "def test_c(): pass\n")
+    assert sorted(getattr(node, "lineno", 0) for node in skips(tree)) == [2, 3, 4, 5]
 
 
 def test_a_rerun_says_why() -> None:
