@@ -143,8 +143,9 @@ def test_a_parameter_no_place_gives_leaves_the_build_without_figures_naming_it(t
     record = predict_start(spec, start_facts("prefix-caching", metrics="", log="no KV line"), recorded_requests(),
                            build="prefix-caching", trial=0, attempt="a")
     assert record.cached_tokens == () and record.hit_rate("P-again") is None
-    assert record.unreadable.startswith("build prefix-caching: the vllm-block emulator's `block_size` cannot be read "
-                                        "(looked in the flag --block-size; vllm:cache_config_info{block_size})")
+    assert record.unreadable.startswith("build prefix-caching: not predicted: the vllm-block emulator's `block_size` "
+                                        "is stated by none of its places (the flag --block-size; "
+                                        "vllm:cache_config_info{block_size})")
     assert unreadable([record]) == {"prefix-caching": record.unreadable}
     assert request_checks([record], pd.DataFrame(columns=["attempt", "request", "metric", "host", "value"])) == {}
 

@@ -91,18 +91,43 @@ def test_sglang_s_flags_serve_where_the_arguments_line_is_missing() -> None:
     ("vllm", ("--block-size", "16"), ["num_gpu_blocks"]),
 ])
 def test_the_preflight_lists_what_only_a_start_gives(runtime: str, argv: tuple[str, ...], after: list[str]) -> None:
-    refused, later = read_before_start("b", spec(runtime), argv)
-    assert refused == [] and [line.split("`")[1] for line in later] == after, later
+    seen = read_before_start("b", spec(runtime), argv)
+    assert seen.refused is seen.not_predicted is None, seen
+    assert [line.split("`")[1] for line in seen.after] == after, seen.after
 
 
-def test_the_preflight_refuses_a_flag_only_parameter_whose_flag_is_absent() -> None:
-    flag_only = EmulatorSource.model_validate({"name": "llama-slot", "parameters": {
-        "n_ctx": [{"log": r"n_ctx_slot = (\d+)"}], "cache_ram_mib": [{"flag": "-cram"}, {"flag": "--cache-ram"}]}})
-    refused, later = read_before_start("one-slot", flag_only, ("llama-server", "-np", "1"))
-    assert [r.line for r in refused] == ["build one-slot: the llama-slot emulator's `cache_ram_mib` cannot be read: "
-                                         "its command line gives none of the flag -cram; the flag --cache-ram, "
-                                         "and no start can"]
-    assert read_before_start("b", flag_only, ("--cache-ram", "0")) == ([], later)
+FLAG_ONLY = EmulatorSource.model_validate({"name": "llama-slot", "parameters": {
+    "n_ctx": [{"log": r"n_ctx_slot = (\d+)"}], "cache_ram_mib": [{"flag": "-cram"}, {"flag": "--cache-ram"}]}})
+
+
+def test_a_flag_only_parameter_whose_flag_is_absent_is_not_predicted_naming_the_field_to_declare() -> None:
+    """A parameter nobody states is never a refusal (the build may be correct): the build is not predicted, in
+    one line naming the inventory field that would state it."""
+    seen = read_before_start("one-slot", FLAG_ONLY, ("llama-server", "-np", "1"))
+    assert seen.refused is None and seen.not_predicted == (
+        "build one-slot: not predicted: the llama-slot emulator's `cache_ram_mib` is stated by none of its places "
+        "(the flag -cram; the flag --cache-ram): declare it as builds.one-slot.cache.cache_ram_mib in the inventory")
+    assert read_before_start("b", FLAG_ONLY, ("--cache-ram", "0")).not_predicted is None
+    declared = read_before_start("one-slot", FLAG_ONLY, ("llama-server",), {"cache_ram_mib": 0})
+    assert declared.not_predicted is None and [a.split("`")[1] for a in declared.after] == ["n_ctx"], declared
+
+
+def test_a_declaration_its_command_line_contradicts_is_refused_naming_both() -> None:
+    seen = read_before_start("one-slot", FLAG_ONLY, ("--cache-ram", "8192"), {"cache_ram_mib": 0})
+    assert (seen.refused, seen.parameter) == ("build one-slot: `cache_ram_mib` is declared 0 "
+                                              "(builds.one-slot.cache.cache_ram_mib) but --cache-ram 8192 states "
+                                              "8192", "cache_ram_mib")
+
+
+def test_a_declaration_the_start_contradicts_is_refused_at_that_start_and_an_agreeing_one_predicts() -> None:
+    """What only a start reports (its log) checked against the declaration: a refusal naming both."""
+    log = "n_ctx_slot = 4096\n"
+    refused = read_build("b", FLAG_ONLY, StartFacts(("--cache-ram", "0"), log=log), {"n_ctx": 2048})
+    assert isinstance(refused, Unreadable) and refused.refused and refused.line == (
+        "build b: refused: `n_ctx` is declared 2048 (builds.b.cache.n_ctx) but the log's 'n_ctx_slot = 4096' "
+        "states 4096"), refused
+    agreed = read_build("b", FLAG_ONLY, StartFacts(("--cache-ram", "0"), log=log), {"n_ctx": 4096})
+    assert isinstance(agreed, BuildCache) and agreed.origins["n_ctx"] == "builds.b.cache.n_ctx: 4096", agreed
 
 
 def test_a_default_on_a_metric_is_refused() -> None:
@@ -121,5 +146,6 @@ def test_a_build_reusing_chunks_by_kv_shifting_is_not_predicted_saying_why() -> 
 
 def test_before_any_start_a_log_s_default_is_not_taken() -> None:
     """Without a start's log the state size is unknown, not 0: plan --predict asks for it."""
-    params, _, missing = read_some(spec("llama-cpp"), StartFacts(("--cache-ram", "8192")))
-    assert params["cache_ram_mib"] == 8192 and set(missing) == {"n_ctx", "state_bytes_per_token"}, missing
+    reading = read_some(spec("llama-cpp"), StartFacts(("--cache-ram", "8192")))
+    assert reading.params["cache_ram_mib"] == 8192, reading
+    assert set(reading.missing) == {"n_ctx", "state_bytes_per_token"}, reading.missing

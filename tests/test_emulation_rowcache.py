@@ -15,7 +15,9 @@ from cache_qualify.config.inventory import load_inventory
 from cache_qualify.config.scenario import load_scenario
 from cache_qualify.emulation.predicted import predict_start
 from cache_qualify.emulation.registry import emulator, parameters
-from cache_qualify.emulation.sources import StartFacts
+from cache_qualify.cli import main
+from cache_qualify.config.profiles import load_profile
+from cache_qualify.emulation.sources import StartFacts, read_some
 from cache_qualify.errors import EmulationError
 from cache_qualify.trials.runner import scenario_requests
 from tests.support.labfixtures import REPO, run_qualify, write_inventory
@@ -51,6 +53,45 @@ def test_the_flare_profile_reads_the_row_cache_from_the_builds_command() -> None
     plain = predict_start(spec, facts("set4", flags=("--host-system-share", "40")), requests, build="p", trial=0,
                           attempt="b")
     assert plain.params["policy"] == "set4" and plain.origins["policy"] == "the runtime's default set4 (no --sim-policy)"
+
+
+def test_the_study_runtime_s_profile_never_reads_the_simulated_lab_s_flags() -> None:
+    """The flare profile is the study's runtime, whose policy is compiled into each build: it reads no `--sim-*`
+    flag and takes no default nobody's source defines, so a build that does not declare its policy is not
+    predicted (one line naming the field), never predicted as set4."""
+    spec = load_profile("flare").emulator
+    assert spec is not None and not spec.established and spec.band == 0.024
+    places = [s.flag or "" for sources in spec.parameters.values() for s in sources]
+    assert places == ["--embedding-table-cache-size", "--tensor-parallel-size"], places
+    assert all(s.default is None for sources in spec.parameters.values() for s in sources)
+    record = predict_start(spec, facts("two_choice"), [], build="two_choice", trial=0, attempt="a")
+    assert record.cached_tokens == () and not record.refused and record.unreadable == (
+        "build two_choice: not predicted: the flare-rowcache emulator's `policy` is stated by none of its places "
+        "(none: the runtime states it nowhere): declare it as builds.two_choice.cache.policy in the inventory")
+
+
+def test_a_real_flare_lab_s_builds_are_predicted_from_their_declared_policy() -> None:
+    """examples/gb10-lab.yaml declares each build's compiled-in policy (`cache:`): the candidate is read as
+    two_choice from its declaration, with the cache size and ranks from its command line."""
+    inventory = load_inventory(REPO / "examples" / "gb10-lab.yaml")
+    spec = inventory.measurement.emulator
+    assert spec is not None and not spec.established
+    words = inventory.start_words("two-choice", load_scenario(SCENARIOS / "reread-1g.yaml").server_flags)
+    reading = read_some(spec, StartFacts(tuple(words)), inventory.builds["two-choice"].cache,
+                        at="builds.two-choice.cache")
+    assert reading.params == {"policy": "two_choice", "cache_size": "1G", "ranks": 3, "prefill_chunk": 4096}
+    assert reading.origins["policy"] == "builds.two-choice.cache.policy: two_choice" and not reading.conflicts
+
+
+@pytest.mark.slow
+def test_plan_predict_on_the_real_lab_predicts_the_candidate_as_declared(capsys: pytest.CaptureFixture[str]) -> None:
+    """`cache-qualify plan --predict --hosts examples/gb10-lab.yaml --scenario reread-1g` (about 40 s: the
+    row cache replayed per policy)."""
+    assert main(["plan", "--predict", "--hosts", str(REPO / "examples" / "gb10-lab.yaml"), "--scenario", "reread-1g",
+                 "--json"]) == 0
+    builds = {b["build"]: b for b in json.loads(capsys.readouterr().out)["builds"]}
+    assert builds["two-choice"]["params"]["policy"] == "two_choice", builds["two-choice"]
+    assert builds["main-lowered-reserve"]["params"]["policy"] == "set4"
 
 
 def test_a_policy_the_lab_does_not_have_is_one_line_naming_it() -> None:
