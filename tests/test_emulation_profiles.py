@@ -41,7 +41,7 @@ def read(runtime: str, argv: tuple[str, ...], log: str) -> BuildCache:
 def test_llama_server_s_defaults_fill_what_its_flags_leave_out_and_the_log_gives_the_rest() -> None:
     cache = read("llama-cpp", ("llama-server", "-np", "1"), LLAMA_LOG)
     assert cache.params == {"n_ctx": 8192, "cache_ram_mib": 8192, "slot_prompt_similarity": 0.1,
-                            "cache_prompt": True, "cache_reuse": 0, "state_bytes_per_token": 140}
+                            "cache_prompt": True, "state_bytes_per_token": 140}
     assert cache.origins["cache_ram_mib"] == "the runtime's default 8192 (no --cache-ram)"
     assert cache.origins["state_bytes_per_token"] == ("the log's 'saving prompt with length 5000, total state "
                                                       "size = 0.668 MiB'")
@@ -140,8 +140,33 @@ def test_a_build_reusing_chunks_by_kv_shifting_is_not_predicted_saying_why() -> 
     record = predict_start(spec("llama-cpp"), StartFacts(("--cache-reuse", "256"), log=LLAMA_LOG),
                            [Request("A", tokens=np.arange(3, 103))], build="cache-reuse", trial=0, attempt="a")
     assert record.cached_tokens == () and record.unreadable == (
-        "build cache-reuse: emulator llama-slot: parameter `cache_reuse` 256 (the reuse of cached chunks by KV "
-        "shifting) is not modelled; only 0 (off) is"), record.unreadable
+        "build cache-reuse: not predicted: --cache-reuse is not modelled (the reuse of cached chunks by KV "
+        "shifting)"), record.unreadable
+    off = predict_start(spec("llama-cpp"), StartFacts(("--cache-reuse", "0"), log=LLAMA_LOG),
+                        [Request("A", tokens=np.arange(3, 103))], build="off", trial=0, attempt="a")
+    assert off.unreadable == "" and off.cached_tokens == (0,), off
+
+
+@pytest.mark.parametrize(("runtime", "argv", "flag"), [
+    ("vllm", ("--kv-offloading-size", "8"), "--kv-offloading-size"),
+    ("vllm", ("--kv-offloading-backend", "native"), "--kv-offloading-backend"),
+    ("vllm", ("--kv-transfer-config", '{"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}'),
+     "--kv-transfer-config"),
+    ("vllm", ("--kv-transfer-config.kv_connector=LMCacheConnectorV1",), "--kv-transfer-config"),
+    ("sglang", ("--enable-hierarchical-cache",), "--enable-hierarchical-cache"),
+    ("sglang", ("--hicache-storage-backend", "file"), "--hicache-storage-backend"),
+    ("sglang", ("--enable-lmcache",), "--enable-lmcache"),
+    ("llama-cpp", ("--slot-save-path", "/tmp/slots"), "--slot-save-path"),
+])
+def test_a_cache_no_emulator_models_is_not_predicted_in_one_line(runtime: str, argv: tuple[str, ...],
+                                                                  flag: str) -> None:
+    """Never a band of zero around a prediction that leaves the tier out: the build is not predicted, before
+    any start and at each, naming the flag."""
+    seen = read_before_start("b", spec(runtime), ("server", *argv))
+    assert seen.not_predicted is not None and seen.not_predicted.startswith(f"build b: not predicted: {flag} is "
+                                                                            "not modelled ("), seen
+    cache = read_build("b", spec(runtime), StartFacts(("server", *argv)))
+    assert isinstance(cache, Unreadable) and cache.line == seen.not_predicted and not cache.refused
 
 
 def test_before_any_start_a_log_s_default_is_not_taken() -> None:
