@@ -155,6 +155,16 @@ def test_sglang_lfu_keeps_the_prompt_read_most_where_lru_keeps_the_latest() -> N
     assert cached("sglang-radix", workload, page_size=1, max_total_num_tokens=10, eviction_policy="lfu")[-1] == 3
 
 
+@pytest.mark.parametrize(("page_size", "served"), [(4, [0, 0, 0]), (1, [0, 0, 7])])
+def test_sglang_asks_a_page_more_than_a_paged_request_needs(page_size: int, served: list[int]) -> None:
+    """4-token pages, a 12-token pool, prompts of 8, 4, then the first 8 again: the 4-token prompt's
+    allocation asks its page and one more (SGLang 0.5.23, mem_cache/allocation.py
+    alloc_paged_token_slots_extend), so the first prompt's leaf (both its pages) is evicted and the third
+    request is served 0; unpaged, the new tokens alone are asked and the first prompt stays."""
+    first, second = list(range(100, 108)), list(range(200, 204))
+    assert cached("sglang-radix", [first, second, first], page_size=page_size, max_total_num_tokens=12) == served
+
+
 def test_sglang_matches_whole_pages_short_of_the_last_token() -> None:
     ten, nine = list(range(10)), list(range(9))
     assert cached("sglang-radix", [ten, ten, nine], page_size=4, max_total_num_tokens=64) == [0, 8, 8]
