@@ -41,10 +41,25 @@ def read(runtime: str, argv: tuple[str, ...], log: str) -> BuildCache:
 def test_llama_server_s_defaults_fill_what_its_flags_leave_out_and_the_log_gives_the_rest() -> None:
     cache = read("llama-cpp", ("llama-server", "-np", "1"), LLAMA_LOG)
     assert cache.params == {"n_ctx": 8192, "cache_ram_mib": 8192, "slot_prompt_similarity": 0.1,
-                            "cache_prompt": True, "state_bytes_per_token": 140}
+                            "cache_prompt": True, "n_slots": 1, "state_bytes_per_token": 140}
     assert cache.origins["cache_ram_mib"] == "the runtime's default 8192 (no --cache-ram)"
     assert cache.origins["state_bytes_per_token"] == ("the log's 'saving prompt with length 5000, total state "
                                                       "size = 0.668 MiB'")
+
+
+@pytest.mark.parametrize(("argv", "log", "slots"), [
+    (("llama-server",), "", 4),                                   # auto: 4 (tools/server/server.cpp:156)
+    (("llama-server", "--parallel", "2"), "", 2),
+    (("llama-server", "-np", "1"), LLAMA_LOG.replace("n_slots = 1", "n_slots = 4"), 4),   # what the start says
+])
+def test_several_slots_sharing_one_kv_cache_are_not_predicted_naming_them(argv: tuple[str, ...], log: str,
+                                                                          slots: int) -> None:
+    """llama-server's default is 4 slots sharing one KV cache, idle slots saved to the host cache as others
+    take their cells: the one-slot emulator does not model it, so such a build is not predicted."""
+    record = predict_start(spec("llama-cpp"), StartFacts(argv, log=log or LLAMA_LOG.replace("n_slots = 1, ", "")),
+                           [Request("A", tokens=np.arange(3, 103))], build="b", trial=0, attempt="a")
+    assert record.unreadable == (f"build b: emulator llama-slot: parameter `n_slots` {slots} (several slots sharing "
+                                 "one KV cache, llama-server's default 4) is not modelled; only one slot (-np 1) is")
 
 
 def test_llama_server_s_flags_win_over_its_defaults() -> None:
@@ -85,7 +100,7 @@ def test_sglang_s_flags_serve_where_the_arguments_line_is_missing() -> None:
 
 
 @pytest.mark.parametrize(("runtime", "argv", "after"), [
-    ("llama-cpp", ("--cache-ram", "0"), ["n_ctx", "state_bytes_per_token"]),
+    ("llama-cpp", ("--cache-ram", "0"), ["n_ctx", "n_slots", "state_bytes_per_token"]),
     # the resolved arguments' line comes before the flags: what the server resolved is what is read
     ("sglang", ("--page-size", "16"), ["page_size", "max_total_num_tokens", "eviction_policy", "radix_cache"]),
     ("vllm", ("--block-size", "16"), ["num_gpu_blocks"]),
