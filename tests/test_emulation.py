@@ -165,6 +165,16 @@ def test_sglang_asks_a_page_more_than_a_paged_request_needs(page_size: int, serv
     assert cached("sglang-radix", [first, second, first], page_size=page_size, max_total_num_tokens=12) == served
 
 
+def test_a_prompt_sglang_prefills_in_chunks_is_a_band_s_centre_not_exact() -> None:
+    """SGLang inserts each chunk of a prompt over --chunked-prefill-size into the tree (managers/scheduler.py,
+    mem_cache/common.py of 0.5.23), which the emulator does not model: such a workload is not exact."""
+    prompts = Prompts.of([list(range(100)), list(range(30))])
+    params = {"page_size": 1, "max_total_num_tokens": 1000}
+    assert predict("sglang-radix", params, prompts).exact
+    assert predict("sglang-radix", {**params, "chunked_prefill_size": 100}, prompts).exact
+    assert not predict("sglang-radix", {**params, "chunked_prefill_size": 64}, prompts).exact
+
+
 def test_sglang_matches_whole_pages_short_of_the_last_token() -> None:
     ten, nine = list(range(10)), list(range(9))
     assert cached("sglang-radix", [ten, ten, nine], page_size=4, max_total_num_tokens=64) == [0, 8, 8]

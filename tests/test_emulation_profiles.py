@@ -85,7 +85,7 @@ def test_a_host_cache_without_a_saved_state_in_the_log_is_not_predicted_naming_t
 def test_sglang_reads_its_resolved_arguments_before_its_flags() -> None:
     cache = read("sglang", ("--page-size", "32", "--radix-eviction-policy", "lru"), SGLANG_LOG)
     assert cache.params == {"page_size": 16, "max_total_num_tokens": 123456, "eviction_policy": "lfu",
-                            "radix_cache": True}
+                            "chunked_prefill_size": 8192, "radix_cache": True}
     assert cache.origins["radix_cache"] == "not the log's \"'disable_radix_cache': False\""
     off = read("sglang", (), SGLANG_LOG.replace("'disable_radix_cache': False", "'disable_radix_cache': True"))
     assert off.params["radix_cache"] is False
@@ -102,7 +102,8 @@ def test_sglang_s_flags_serve_where_the_arguments_line_is_missing() -> None:
 @pytest.mark.parametrize(("runtime", "argv", "after"), [
     ("llama-cpp", ("--cache-ram", "0"), ["n_ctx", "n_slots", "state_bytes_per_token"]),
     # the resolved arguments' line comes before the flags: what the server resolved is what is read
-    ("sglang", ("--page-size", "16"), ["page_size", "max_total_num_tokens", "eviction_policy", "radix_cache"]),
+    ("sglang", ("--page-size", "16"), ["page_size", "max_total_num_tokens", "eviction_policy",
+                                       "chunked_prefill_size", "radix_cache"]),
     ("vllm", ("--block-size", "16"), ["num_gpu_blocks"]),
 ])
 def test_the_preflight_lists_what_only_a_start_gives(runtime: str, argv: tuple[str, ...], after: list[str]) -> None:
