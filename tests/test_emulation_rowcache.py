@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cache_qualify.config.command import command_words
 from cache_qualify.config.inventory import load_inventory
@@ -153,3 +154,28 @@ def test_a_build_whose_server_ignores_its_policy_flag_is_caught(tmp_path: Path) 
     assert "does the lab run the policy and row cache its flags claim (policy from --sim-policy two_choice" in \
         str(lines["B-new-start"]["line"])
     assert all(lines[r]["outcome"] == "failed" for r in ("B-new-start", "A-third-read"))
+
+
+@pytest.mark.slow
+def test_a_lab_of_the_study_s_runtime_that_declares_each_build_s_policy_passes_its_gate(tmp_path: Path) -> None:
+    """The shipped flare profile alone (no simulated-lab places): each build's compiled-in policy and prefill
+    chunk declared in the inventory, as a real flare lab does. The builds are predicted from the declarations
+    (within the profile's unestablished 2.4-point band, or a warning), test_prediction passes for both, and
+    the gate exits 0; a build that declares nothing is not predicted, a skip naming the field (about 60 s)."""
+    path = write_inventory(tmp_path, noise="quiet")   # two trials decide the gate (as test_bastion's)
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    del data["emulator"]   # the study's runtime's profile, as a real lab has it
+    data["builds"]["two_choice"]["cache"] = {"policy": "two_choice", "prefill_chunk": 4096}
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    run = run_qualify(path, tmp_path / "reports", "--trials", "2", "--max-trials", "2", "--seed", "5",
+                      "--alpha", "0.05")
+    assert run.returncode == 0, run.output[-6000:]
+    cases = run.testcases()
+    candidate = cases["test_prediction[reread-1g:two_choice]"]
+    assert candidate.find("failure") is None and candidate.find("skipped") is None, run.output[-4000:]
+    skipped = cases["test_prediction[reread-1g:set4]"].find("skipped")
+    assert skipped is not None and "declare it as builds.set4.cache.policy in the inventory" in (
+        skipped.get("message") or ""), run.output[-4000:]
+    two_choice = [c for c in predictions(run.run_dir()) if c["build"] == "two_choice"]
+    assert len(two_choice) == 5 and {c["outcome"] for c in two_choice} <= {"passed", "warning"}, two_choice
+    assert all(c["tolerance"] == 0.024 for c in two_choice), two_choice
