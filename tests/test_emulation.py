@@ -8,6 +8,8 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -55,6 +57,35 @@ def test_vllm_block_cache_matches_the_ordered_dict_pool_on_random_workloads(seed
         assert prediction.hits == sum(expected) and prediction.queries == int(prompts.lengths.sum())
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_vllm_decode_blocks_match_the_ordered_dict_pool_on_random_workloads(seed: int) -> None:
+    """Each request generating 1 to 9 tokens: the blocks its decode steps fill, in the jitted pool and the
+    plain one alike."""
+    rng = np.random.default_rng(100 + seed)
+    for _ in range(40):
+        block_size, blocks = int(rng.integers(1, 6)), int(rng.integers(14, 40))
+        raw = random_prompts(rng, count=int(rng.integers(1, 40)), longest=(blocks - 3) * block_size - 8)
+        prompts = Prompts.of(raw, rng.integers(1, 10, size=len(raw)))
+        prediction = VllmBlockCache(block_size, blocks).predict(prompts)
+        expected, evicted = reference_replay(exact_keys(prompts, block_size), prompts.lengths,
+                                             block_size=block_size, num_gpu_blocks=blocks,
+                                             kv_lengths=prompts.kv_lengths)
+        assert prediction.cached_tokens.tolist() == expected and prediction.evicted == evicted
+
+
+@pytest.mark.parametrize(("generated", "served"), [(1, [0, 0, 4]), (2, [0, 0, 0])])
+def test_vllm_s_decode_step_allocates_a_block_and_can_evict(generated: int, served: list[int]) -> None:
+    """Blocks of 4, a pool of 5 (the null block and 4), prompts of 8 and 12 tokens then the first 8 again:
+    with one generated token each the first prompt's leading block survives the second; with two, the
+    second request's decode step takes the pool's last free block, evicting it (vllm/v1/core/
+    kv_cache_manager.py allocate_slots, scheduler.py: a decode step schedules one token), so vLLM 0.32.0
+    serves 0 cached tokens on the third (checked on its own KVCacheManager, and on a real vLLM by
+    tests/test_vllm_server.py)."""
+    first, second = list(range(100, 108)), list(range(200, 212))
+    prediction = VllmBlockCache(4, 5).predict(Prompts.of([first, second, first], generated))
+    assert prediction.cached_tokens.tolist() == served
+
+
 def test_vllm_never_serves_the_block_a_prompt_ends_in() -> None:
     """max_cache_hit_length = num_tokens - 1: 8 tokens in blocks of 4 reuse one block, 9 reuse two."""
     prompt = list(range(8))
@@ -93,8 +124,12 @@ def test_vllm_without_prefix_caching_counts_no_query() -> None:
 
 
 def test_vllm_refuses_a_prompt_larger_than_the_pool() -> None:
-    with pytest.raises(EmulationError, match=r"prompt 1 has 9 tokens, more than the 4 usable blocks of 2 tokens"):
+    with pytest.raises(EmulationError, match=r"request 1 holds 9 tokens \(its prompt and generated tokens\), more "
+                                             r"than the 4 usable blocks of 2 tokens"):
         predict("vllm-block", {"block_size": 2, "num_gpu_blocks": 5}, Prompts.of([[1], list(range(9))]))
+    # 7 tokens fit 4 blocks of 2, but not with 3 generated (the first two written into the cache)
+    with pytest.raises(EmulationError, match=r"request 0 holds 9 tokens"):
+        predict("vllm-block", {"block_size": 2, "num_gpu_blocks": 5}, Prompts.of([list(range(7))], 3))
 
 
 # -- SGLang -------------------------------------------------------------------------------------------
@@ -118,6 +153,26 @@ def test_sglang_lfu_keeps_the_prompt_read_most_where_lru_keeps_the_latest() -> N
     workload = [a, a, a, b, c, a]
     assert cached("sglang-radix", workload, page_size=1, max_total_num_tokens=10, eviction_policy="lru")[-1] == 0
     assert cached("sglang-radix", workload, page_size=1, max_total_num_tokens=10, eviction_policy="lfu")[-1] == 3
+
+
+@pytest.mark.parametrize(("page_size", "served"), [(4, [0, 0, 0]), (1, [0, 0, 7])])
+def test_sglang_asks_a_page_more_than_a_paged_request_needs(page_size: int, served: list[int]) -> None:
+    """4-token pages, a 12-token pool, prompts of 8, 4, then the first 8 again: the 4-token prompt's
+    allocation asks its page and one more (SGLang 0.5.23, mem_cache/allocation.py
+    alloc_paged_token_slots_extend), so the first prompt's leaf (both its pages) is evicted and the third
+    request is served 0; unpaged, the new tokens alone are asked and the first prompt stays."""
+    first, second = list(range(100, 108)), list(range(200, 204))
+    assert cached("sglang-radix", [first, second, first], page_size=page_size, max_total_num_tokens=12) == served
+
+
+def test_a_prompt_sglang_prefills_in_chunks_is_a_band_s_centre_not_exact() -> None:
+    """SGLang inserts each chunk of a prompt over --chunked-prefill-size into the tree (managers/scheduler.py,
+    mem_cache/common.py of 0.5.23), which the emulator does not model: such a workload is not exact."""
+    prompts = Prompts.of([list(range(100)), list(range(30))])
+    params = {"page_size": 1, "max_total_num_tokens": 1000}
+    assert predict("sglang-radix", params, prompts).exact
+    assert predict("sglang-radix", {**params, "chunked_prefill_size": 100}, prompts).exact
+    assert not predict("sglang-radix", {**params, "chunked_prefill_size": 64}, prompts).exact
 
 
 def test_sglang_matches_whole_pages_short_of_the_last_token() -> None:
@@ -260,11 +315,40 @@ def test_vllm_block_cache_matches_vllm_s_own_kv_cache_manager() -> None:
     for block_size, blocks in ((1, 12), (2, 9), (4, 30), (16, 40)):
         raw = random_prompts(rng, count=120, longest=(blocks - 1) * block_size, vocabulary=2 + block_size)
         spec = {"block_size": block_size, "num_gpu_blocks": blocks, "prompts": [p.tolist() for p in raw]}
-        done = subprocess.run([str(python), "-m", "tests.support.vllm_kv_manager"], input=json.dumps(spec),
-                              cwd=REPO, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
-        vllm = json.loads(done.stdout.strip().splitlines()[-1])
+        vllm = own_manager(python, spec)
         prediction = VllmBlockCache(block_size, blocks).predict(Prompts.of(raw))
         assert prediction.cached_tokens.tolist() == vllm["hits"], (block_size, blocks)
         assert (prediction.queries, prediction.hits) == (vllm["queries"], vllm["total_hits"])
         assert prediction.hits > 0 and prediction.evicted > 0  # reuse and eviction both exercised
+
+
+def own_manager(python: Path, spec: dict[str, object]) -> dict[str, Any]:
+    """What vLLM's own KVCacheManager serves for `spec` (tests/support/vllm_kv_manager.py)."""
+    done = subprocess.run([str(python), "-m", "tests.support.vllm_kv_manager"], input=json.dumps(spec),
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    served: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return served
+
+
+@pytest.mark.slow
+def test_vllm_decode_blocks_match_vllm_s_own_kv_cache_manager() -> None:
+    """Generated tokens written into the blocks step by step, as vLLM 0.32.0's KVCacheManager allocates them
+    offline: the decode counterexample with 2 and 16 output tokens, and seeded workloads of 1 to 20 output
+    tokens a request under eviction pressure, the same cached tokens per request."""
+    python = vllm_build.ensure_installed()
+    first, second = list(range(100, 108)), list(range(200, 212))
+    for generated, blocks in ((2, 5), (16, 8)):
+        spec = {"block_size": 4, "num_gpu_blocks": blocks, "prompts": [first, second, first],
+                "outputs": [generated] * 3}
+        prediction = VllmBlockCache(4, blocks).predict(Prompts.of([first, second, first], generated))
+        assert prediction.cached_tokens.tolist() == own_manager(python, spec)["hits"] == [0, 0, 0], generated
+    rng = np.random.default_rng(11)
+    for block_size, blocks in ((2, 20), (4, 30), (16, 12)):
+        raw = random_prompts(rng, count=100, longest=(blocks - 3) * block_size - 20, vocabulary=2 + block_size)
+        outputs = rng.integers(1, 21, size=len(raw))
+        spec = {"block_size": block_size, "num_gpu_blocks": blocks, "prompts": [p.tolist() for p in raw],
+                "outputs": outputs.tolist()}
+        prediction = VllmBlockCache(block_size, blocks).predict(Prompts.of(raw, outputs))
+        assert prediction.cached_tokens.tolist() == own_manager(python, spec)["hits"], (block_size, blocks)
+        assert prediction.hits > 0 and prediction.evicted > 0

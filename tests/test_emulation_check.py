@@ -63,8 +63,10 @@ def test_a_flag_comes_before_the_metric_and_the_kv_line_is_divided_into_blocks()
 def test_what_no_place_gives_is_one_preflight_line_naming_the_build() -> None:
     missing = read_build("pc-on", vllm_spec(), StartFacts(("--block-size", "32"), "", "no KV line here"))
     assert isinstance(missing, Unreadable) and missing.parameter == "num_gpu_blocks"
-    assert missing.line.startswith("build pc-on: the vllm-block emulator's `num_gpu_blocks` cannot be read "
-                                   "(looked in vllm:cache_config_info{num_gpu_blocks}; the start's log")
+    assert missing.line.startswith("build pc-on: not predicted: the vllm-block emulator's `num_gpu_blocks` is "
+                                   "stated by none of its places (vllm:cache_config_info{num_gpu_blocks}; the "
+                                   "start's log")
+    assert missing.line.endswith(": declare it as builds.pc-on.cache.num_gpu_blocks in the inventory")
     assert "\n" not in missing.line
 
 

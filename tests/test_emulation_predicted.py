@@ -143,8 +143,9 @@ def test_a_parameter_no_place_gives_leaves_the_build_without_figures_naming_it(t
     record = predict_start(spec, start_facts("prefix-caching", metrics="", log="no KV line"), recorded_requests(),
                            build="prefix-caching", trial=0, attempt="a")
     assert record.cached_tokens == () and record.hit_rate("P-again") is None
-    assert record.unreadable.startswith("build prefix-caching: the vllm-block emulator's `block_size` cannot be read "
-                                        "(looked in the flag --block-size; vllm:cache_config_info{block_size})")
+    assert record.unreadable.startswith("build prefix-caching: not predicted: the vllm-block emulator's `block_size` "
+                                        "is stated by none of its places (the flag --block-size; "
+                                        "vllm:cache_config_info{block_size})")
     assert unreadable([record]) == {"prefix-caching": record.unreadable}
     assert request_checks([record], pd.DataFrame(columns=["attempt", "request", "metric", "host", "value"])) == {}
 
@@ -158,3 +159,29 @@ def test_a_runtime_with_an_emulator_has_a_prediction_test_per_scenario_and_build
     # the simulated lab's row cache has one too (flare-rowcache, tests/test_emulation_rowcache.py)
     assert [n for n in collected("--hosts", str(REPO / "hosts.yaml")) if n.startswith("test_prediction")] == [
         "test_prediction[reread-1g:set4]", "test_prediction[reread-1g:two_choice]"]
+
+
+
+@pytest.mark.parametrize("established", [False, True])
+def test_a_band_not_established_for_the_lab_warns_saying_how_to_establish_it(established: bool) -> None:
+    """A band taken from elsewhere (the flare profile's: the study's emulation gap, `established: false`) is
+    not the lab's: outside it the check warns, never fails a correct build, and says how the lab states its
+    own; a band the lab states (the inventory's `emulator: {band: ...}`, as the simulated lab's) fails."""
+    shipped = load_inventory(EXAMPLE).measurement.emulator
+    assert shipped is not None
+    spec = shipped.model_copy(update={"established": established})
+    # two copies at once: the one-at-a-time replay is a band's centre
+    record = predict_start(spec, start_facts("prefix-caching"), recorded_requests(), build="prefix-caching",
+                           trial=0, attempt="a", concurrency=2)
+    assert not record.exact and record.established is established and record.tolerance == spec.band
+    samples = pd.DataFrame({"attempt": ["a"] * 3, "request": list(record.requests), "metric": ["hit_rate"] * 3,
+                            "host": [ALL] * 3, "value": [0.0] * 3})
+    again = {c.request: c.check for c in request_checks([record], samples)["prefix-caching"]}["P-again"]
+    assert not again.within
+    if established:
+        assert again.outcome == "failed" and "not established" not in again.line(), again.line()
+    else:
+        assert again.outcome == "warning", again
+        assert again.line().endswith("not established for this lab: a warning until the lab states the band "
+                                     "its baseline's starts hold, the inventory's `emulator: {band: ...}`; "
+                                     "docs/emulation.md, \"Calibrating a band\")"), again.line()

@@ -41,10 +41,25 @@ def read(runtime: str, argv: tuple[str, ...], log: str) -> BuildCache:
 def test_llama_server_s_defaults_fill_what_its_flags_leave_out_and_the_log_gives_the_rest() -> None:
     cache = read("llama-cpp", ("llama-server", "-np", "1"), LLAMA_LOG)
     assert cache.params == {"n_ctx": 8192, "cache_ram_mib": 8192, "slot_prompt_similarity": 0.1,
-                            "cache_prompt": True, "cache_reuse": 0, "state_bytes_per_token": 140}
+                            "cache_prompt": True, "n_slots": 1, "state_bytes_per_token": 140}
     assert cache.origins["cache_ram_mib"] == "the runtime's default 8192 (no --cache-ram)"
     assert cache.origins["state_bytes_per_token"] == ("the log's 'saving prompt with length 5000, total state "
                                                       "size = 0.668 MiB'")
+
+
+@pytest.mark.parametrize(("argv", "log", "slots"), [
+    (("llama-server",), "", 4),                                   # auto: 4 (tools/server/server.cpp:156)
+    (("llama-server", "--parallel", "2"), "", 2),
+    (("llama-server", "-np", "1"), LLAMA_LOG.replace("n_slots = 1", "n_slots = 4"), 4),   # what the start says
+])
+def test_several_slots_sharing_one_kv_cache_are_not_predicted_naming_them(argv: tuple[str, ...], log: str,
+                                                                          slots: int) -> None:
+    """llama-server's default is 4 slots sharing one KV cache, idle slots saved to the host cache as others
+    take their cells: the one-slot emulator does not model it, so such a build is not predicted."""
+    record = predict_start(spec("llama-cpp"), StartFacts(argv, log=log or LLAMA_LOG.replace("n_slots = 1, ", "")),
+                           [Request("A", tokens=np.arange(3, 103))], build="b", trial=0, attempt="a")
+    assert record.unreadable == (f"build b: emulator llama-slot: parameter `n_slots` {slots} (several slots sharing "
+                                 "one KV cache, llama-server's default 4) is not modelled; only one slot (-np 1) is")
 
 
 def test_llama_server_s_flags_win_over_its_defaults() -> None:
@@ -70,7 +85,7 @@ def test_a_host_cache_without_a_saved_state_in_the_log_is_not_predicted_naming_t
 def test_sglang_reads_its_resolved_arguments_before_its_flags() -> None:
     cache = read("sglang", ("--page-size", "32", "--radix-eviction-policy", "lru"), SGLANG_LOG)
     assert cache.params == {"page_size": 16, "max_total_num_tokens": 123456, "eviction_policy": "lfu",
-                            "radix_cache": True}
+                            "chunked_prefill_size": 8192, "radix_cache": True}
     assert cache.origins["radix_cache"] == "not the log's \"'disable_radix_cache': False\""
     off = read("sglang", (), SGLANG_LOG.replace("'disable_radix_cache': False", "'disable_radix_cache': True"))
     assert off.params["radix_cache"] is False
@@ -85,24 +100,50 @@ def test_sglang_s_flags_serve_where_the_arguments_line_is_missing() -> None:
 
 
 @pytest.mark.parametrize(("runtime", "argv", "after"), [
-    ("llama-cpp", ("--cache-ram", "0"), ["n_ctx", "state_bytes_per_token"]),
+    ("llama-cpp", ("--cache-ram", "0"), ["n_ctx", "n_slots", "state_bytes_per_token"]),
     # the resolved arguments' line comes before the flags: what the server resolved is what is read
-    ("sglang", ("--page-size", "16"), ["page_size", "max_total_num_tokens", "eviction_policy", "radix_cache"]),
+    ("sglang", ("--page-size", "16"), ["page_size", "max_total_num_tokens", "eviction_policy",
+                                       "chunked_prefill_size", "radix_cache"]),
     ("vllm", ("--block-size", "16"), ["num_gpu_blocks"]),
 ])
 def test_the_preflight_lists_what_only_a_start_gives(runtime: str, argv: tuple[str, ...], after: list[str]) -> None:
-    refused, later = read_before_start("b", spec(runtime), argv)
-    assert refused == [] and [line.split("`")[1] for line in later] == after, later
+    seen = read_before_start("b", spec(runtime), argv)
+    assert seen.refused is seen.not_predicted is None, seen
+    assert [line.split("`")[1] for line in seen.after] == after, seen.after
 
 
-def test_the_preflight_refuses_a_flag_only_parameter_whose_flag_is_absent() -> None:
-    flag_only = EmulatorSource.model_validate({"name": "llama-slot", "parameters": {
-        "n_ctx": [{"log": r"n_ctx_slot = (\d+)"}], "cache_ram_mib": [{"flag": "-cram"}, {"flag": "--cache-ram"}]}})
-    refused, later = read_before_start("one-slot", flag_only, ("llama-server", "-np", "1"))
-    assert [r.line for r in refused] == ["build one-slot: the llama-slot emulator's `cache_ram_mib` cannot be read: "
-                                         "its command line gives none of the flag -cram; the flag --cache-ram, "
-                                         "and no start can"]
-    assert read_before_start("b", flag_only, ("--cache-ram", "0")) == ([], later)
+FLAG_ONLY = EmulatorSource.model_validate({"name": "llama-slot", "parameters": {
+    "n_ctx": [{"log": r"n_ctx_slot = (\d+)"}], "cache_ram_mib": [{"flag": "-cram"}, {"flag": "--cache-ram"}]}})
+
+
+def test_a_flag_only_parameter_whose_flag_is_absent_is_not_predicted_naming_the_field_to_declare() -> None:
+    """A parameter nobody states is never a refusal (the build may be correct): the build is not predicted, in
+    one line naming the inventory field that would state it."""
+    seen = read_before_start("one-slot", FLAG_ONLY, ("llama-server", "-np", "1"))
+    assert seen.refused is None and seen.not_predicted == (
+        "build one-slot: not predicted: the llama-slot emulator's `cache_ram_mib` is stated by none of its places "
+        "(the flag -cram; the flag --cache-ram): declare it as builds.one-slot.cache.cache_ram_mib in the inventory")
+    assert read_before_start("b", FLAG_ONLY, ("--cache-ram", "0")).not_predicted is None
+    declared = read_before_start("one-slot", FLAG_ONLY, ("llama-server",), {"cache_ram_mib": 0})
+    assert declared.not_predicted is None and [a.split("`")[1] for a in declared.after] == ["n_ctx"], declared
+
+
+def test_a_declaration_its_command_line_contradicts_is_refused_naming_both() -> None:
+    seen = read_before_start("one-slot", FLAG_ONLY, ("--cache-ram", "8192"), {"cache_ram_mib": 0})
+    assert (seen.refused, seen.parameter) == ("build one-slot: `cache_ram_mib` is declared 0 "
+                                              "(builds.one-slot.cache.cache_ram_mib) but --cache-ram 8192 states "
+                                              "8192", "cache_ram_mib")
+
+
+def test_a_declaration_the_start_contradicts_is_refused_at_that_start_and_an_agreeing_one_predicts() -> None:
+    """What only a start reports (its log) checked against the declaration: a refusal naming both."""
+    log = "n_ctx_slot = 4096\n"
+    refused = read_build("b", FLAG_ONLY, StartFacts(("--cache-ram", "0"), log=log), {"n_ctx": 2048})
+    assert isinstance(refused, Unreadable) and refused.refused and refused.line == (
+        "build b: refused: `n_ctx` is declared 2048 (builds.b.cache.n_ctx) but the log's 'n_ctx_slot = 4096' "
+        "states 4096"), refused
+    agreed = read_build("b", FLAG_ONLY, StartFacts(("--cache-ram", "0"), log=log), {"n_ctx": 4096})
+    assert isinstance(agreed, BuildCache) and agreed.origins["n_ctx"] == "builds.b.cache.n_ctx: 4096", agreed
 
 
 def test_a_default_on_a_metric_is_refused() -> None:
@@ -115,11 +156,37 @@ def test_a_build_reusing_chunks_by_kv_shifting_is_not_predicted_saying_why() -> 
     record = predict_start(spec("llama-cpp"), StartFacts(("--cache-reuse", "256"), log=LLAMA_LOG),
                            [Request("A", tokens=np.arange(3, 103))], build="cache-reuse", trial=0, attempt="a")
     assert record.cached_tokens == () and record.unreadable == (
-        "build cache-reuse: emulator llama-slot: parameter `cache_reuse` 256 (the reuse of cached chunks by KV "
-        "shifting) is not modelled; only 0 (off) is"), record.unreadable
+        "build cache-reuse: not predicted: --cache-reuse is not modelled (the reuse of cached chunks by KV "
+        "shifting)"), record.unreadable
+    off = predict_start(spec("llama-cpp"), StartFacts(("--cache-reuse", "0"), log=LLAMA_LOG),
+                        [Request("A", tokens=np.arange(3, 103))], build="off", trial=0, attempt="a")
+    assert off.unreadable == "" and off.cached_tokens == (0,), off
+
+
+@pytest.mark.parametrize(("runtime", "argv", "flag"), [
+    ("vllm", ("--kv-offloading-size", "8"), "--kv-offloading-size"),
+    ("vllm", ("--kv-offloading-backend", "native"), "--kv-offloading-backend"),
+    ("vllm", ("--kv-transfer-config", '{"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}'),
+     "--kv-transfer-config"),
+    ("vllm", ("--kv-transfer-config.kv_connector=LMCacheConnectorV1",), "--kv-transfer-config"),
+    ("sglang", ("--enable-hierarchical-cache",), "--enable-hierarchical-cache"),
+    ("sglang", ("--hicache-storage-backend", "file"), "--hicache-storage-backend"),
+    ("sglang", ("--enable-lmcache",), "--enable-lmcache"),
+    ("llama-cpp", ("--slot-save-path", "/tmp/slots"), "--slot-save-path"),
+])
+def test_a_cache_no_emulator_models_is_not_predicted_in_one_line(runtime: str, argv: tuple[str, ...],
+                                                                  flag: str) -> None:
+    """Never a band of zero around a prediction that leaves the tier out: the build is not predicted, before
+    any start and at each, naming the flag."""
+    seen = read_before_start("b", spec(runtime), ("server", *argv))
+    assert seen.not_predicted is not None and seen.not_predicted.startswith(f"build b: not predicted: {flag} is "
+                                                                            "not modelled ("), seen
+    cache = read_build("b", spec(runtime), StartFacts(("server", *argv)))
+    assert isinstance(cache, Unreadable) and cache.line == seen.not_predicted and not cache.refused
 
 
 def test_before_any_start_a_log_s_default_is_not_taken() -> None:
     """Without a start's log the state size is unknown, not 0: plan --predict asks for it."""
-    params, _, missing = read_some(spec("llama-cpp"), StartFacts(("--cache-ram", "8192")))
-    assert params["cache_ram_mib"] == 8192 and set(missing) == {"n_ctx", "state_bytes_per_token"}, missing
+    reading = read_some(spec("llama-cpp"), StartFacts(("--cache-ram", "8192")))
+    assert reading.params["cache_ram_mib"] == 8192, reading
+    assert set(reading.missing) == {"n_ctx", "state_bytes_per_token"}, reading.missing

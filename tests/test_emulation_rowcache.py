@@ -9,13 +9,16 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cache_qualify.config.command import command_words
 from cache_qualify.config.inventory import load_inventory
 from cache_qualify.config.scenario import load_scenario
 from cache_qualify.emulation.predicted import predict_start
 from cache_qualify.emulation.registry import emulator, parameters
-from cache_qualify.emulation.sources import StartFacts
+from cache_qualify.cli import main
+from cache_qualify.config.profiles import load_profile
+from cache_qualify.emulation.sources import StartFacts, read_some
 from cache_qualify.errors import EmulationError
 from cache_qualify.trials.runner import scenario_requests
 from tests.support.labfixtures import REPO, run_qualify, write_inventory
@@ -51,6 +54,45 @@ def test_the_flare_profile_reads_the_row_cache_from_the_builds_command() -> None
     plain = predict_start(spec, facts("set4", flags=("--host-system-share", "40")), requests, build="p", trial=0,
                           attempt="b")
     assert plain.params["policy"] == "set4" and plain.origins["policy"] == "the runtime's default set4 (no --sim-policy)"
+
+
+def test_the_study_runtime_s_profile_never_reads_the_simulated_lab_s_flags() -> None:
+    """The flare profile is the study's runtime, whose policy is compiled into each build: it reads no `--sim-*`
+    flag and takes no default nobody's source defines, so a build that does not declare its policy is not
+    predicted (one line naming the field), never predicted as set4."""
+    spec = load_profile("flare").emulator
+    assert spec is not None and not spec.established and spec.band == 0.024
+    places = [s.flag or "" for sources in spec.parameters.values() for s in sources]
+    assert places == ["--embedding-table-cache-size", "--tensor-parallel-size"], places
+    assert all(s.default is None for sources in spec.parameters.values() for s in sources)
+    record = predict_start(spec, facts("two_choice"), [], build="two_choice", trial=0, attempt="a")
+    assert record.cached_tokens == () and not record.refused and record.unreadable == (
+        "build two_choice: not predicted: the flare-rowcache emulator's `policy` is stated by none of its places "
+        "(none: the runtime states it nowhere): declare it as builds.two_choice.cache.policy in the inventory")
+
+
+def test_a_real_flare_lab_s_builds_are_predicted_from_their_declared_policy() -> None:
+    """examples/gb10-lab.yaml declares each build's compiled-in policy (`cache:`): the candidate is read as
+    two_choice from its declaration, with the cache size and ranks from its command line."""
+    inventory = load_inventory(REPO / "examples" / "gb10-lab.yaml")
+    spec = inventory.measurement.emulator
+    assert spec is not None and not spec.established
+    words = inventory.start_words("two-choice", load_scenario(SCENARIOS / "reread-1g.yaml").server_flags)
+    reading = read_some(spec, StartFacts(tuple(words)), inventory.builds["two-choice"].cache,
+                        at="builds.two-choice.cache")
+    assert reading.params == {"policy": "two_choice", "cache_size": "1G", "ranks": 3, "prefill_chunk": 4096}
+    assert reading.origins["policy"] == "builds.two-choice.cache.policy: two_choice" and not reading.conflicts
+
+
+@pytest.mark.slow
+def test_plan_predict_on_the_real_lab_predicts_the_candidate_as_declared(capsys: pytest.CaptureFixture[str]) -> None:
+    """`cache-qualify plan --predict --hosts examples/gb10-lab.yaml --scenario reread-1g` (about 40 s: the
+    row cache replayed per policy)."""
+    assert main(["plan", "--predict", "--hosts", str(REPO / "examples" / "gb10-lab.yaml"), "--scenario", "reread-1g",
+                 "--json"]) == 0
+    builds = {b["build"]: b for b in json.loads(capsys.readouterr().out)["builds"]}
+    assert builds["two-choice"]["params"]["policy"] == "two_choice", builds["two-choice"]
+    assert builds["main-lowered-reserve"]["params"]["policy"] == "set4"
 
 
 def test_a_policy_the_lab_does_not_have_is_one_line_naming_it() -> None:
@@ -112,3 +154,28 @@ def test_a_build_whose_server_ignores_its_policy_flag_is_caught(tmp_path: Path) 
     assert "does the lab run the policy and row cache its flags claim (policy from --sim-policy two_choice" in \
         str(lines["B-new-start"]["line"])
     assert all(lines[r]["outcome"] == "failed" for r in ("B-new-start", "A-third-read"))
+
+
+@pytest.mark.slow
+def test_a_lab_of_the_study_s_runtime_that_declares_each_build_s_policy_passes_its_gate(tmp_path: Path) -> None:
+    """The shipped flare profile alone (no simulated-lab places): each build's compiled-in policy and prefill
+    chunk declared in the inventory, as a real flare lab does. The builds are predicted from the declarations
+    (within the profile's unestablished 2.4-point band, or a warning), test_prediction passes for both, and
+    the gate exits 0; a build that declares nothing is not predicted, a skip naming the field (about 60 s)."""
+    path = write_inventory(tmp_path, noise="quiet")   # two trials decide the gate (as test_bastion's)
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    del data["emulator"]   # the study's runtime's profile, as a real lab has it
+    data["builds"]["two_choice"]["cache"] = {"policy": "two_choice", "prefill_chunk": 4096}
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    run = run_qualify(path, tmp_path / "reports", "--trials", "2", "--max-trials", "2", "--seed", "5",
+                      "--alpha", "0.05")
+    assert run.returncode == 0, run.output[-6000:]
+    cases = run.testcases()
+    candidate = cases["test_prediction[reread-1g:two_choice]"]
+    assert candidate.find("failure") is None and candidate.find("skipped") is None, run.output[-4000:]
+    skipped = cases["test_prediction[reread-1g:set4]"].find("skipped")
+    assert skipped is not None and "declare it as builds.set4.cache.policy in the inventory" in (
+        skipped.get("message") or ""), run.output[-4000:]
+    two_choice = [c for c in predictions(run.run_dir()) if c["build"] == "two_choice"]
+    assert len(two_choice) == 5 and {c["outcome"] for c in two_choice} <= {"passed", "warning"}, two_choice
+    assert all(c["tolerance"] == 0.024 for c in two_choice), two_choice

@@ -150,6 +150,14 @@ MALFORMED: list[tuple[str, str, str, str, int | None]] = [
      r"hosts\.yaml:1: expected a mapping of keys at the top level, found an empty file", 1),
     ("timeout-zero", "  user: qualify\n", "  user: qualify\n  connect_timeout_s: 0\n",
      r"ssh\.connect_timeout_s: expected a value greater than 0", 4),
+    ("declared-unknown-parameter", "ref: abc123}", "ref: abc123, cache: {polcy: two_choice}}",
+     r"builds\.two_choice\.cache\.polcy: the flare-rowcache emulator of runtime flare has no parameter 'polcy' "
+     r"\(did you mean 'policy'\?\); expected one of policy, cache_size, ranks, prefill_chunk", 21),
+    ("declared-not-a-value", "ref: abc123}", "ref: abc123, cache: {policy: [two_choice]}}",
+     r"builds\.two_choice\.cache\.policy: expected a number, true/false or a word \(an emulator parameter's "
+     r"value\), found \['two_choice'\]$", 21),
+    ("emulator-places-not-a-place", "builds:\n", "emulator: {parameters: {policy: [{flag: sim-policy}]}}\nbuilds:\n",
+     r"emulator\.parameters\.policy\[0\]\.flag: ", 19),
 ]
 
 

@@ -136,11 +136,12 @@ def preflight(inventory: Path, folder: Path, *args: str) -> Any:
 
 
 @pytest.mark.slow
-def test_the_real_preflight_refuses_a_parameter_no_place_gives_naming_build_parameter_and_places(
+def test_the_real_preflight_says_once_that_a_build_whose_parameter_nobody_states_is_not_predicted(
         tmp_path: Path) -> None:
     """A lab's own llama-server profile that reads --cache-ram from the flag alone (no default: a release whose
-    default it does not know): a candidate started without the flag is refused in one line by test_build_flags,
-    before any server starts; the baseline, which gives it, is not named."""
+    default it does not know): a candidate started without the flag may be correct, so test_build_flags passes
+    and records, in one line, that it is not predicted and the inventory field that would state it; the
+    baseline, which gives it, is read after its start."""
     profile = tmp_path / "llama-lab.yaml"
     shipped = LLAMA_PROFILE.read_text(encoding="utf-8").replace("runtime: llama-cpp", "runtime: llama-lab")
     assert "{flag: --cache-ram, default: 8192}" in shipped
@@ -149,12 +150,12 @@ def test_the_real_preflight_refuses_a_parameter_no_place_gives_naming_build_para
     path.write_text(path.read_text(encoding="utf-8").replace("runtime: llama-cpp", f"runtime: {profile}"),
                     encoding="utf-8")
     run = preflight(path, tmp_path, "--baseline", "no-ram-cache", "--candidate", "one-slot")
-    assert run.returncode == 1, run.output[-4000:]
-    assert sorted(failures(run)) == ["test_build_flags"], run.output[-4000:]
-    line = (f"ConfigError: {path}: builds.one-slot.flags: build one-slot: the llama-slot emulator's `cache_ram_mib` "
-            f"cannot be read: its command line gives none of the flag -cram; the flag --cache-ram, and no start can; "
-            f"give it in the build's flags")
-    assert line in failed(run, "test_build_flags").splitlines(), failed(run, "test_build_flags")
+    assert run.returncode == 0, run.output[-4000:]
+    case = run.testcases()["test_build_flags"]
+    listed = [p.get("value") for p in case.iter("property") if p.get("name") == "emulator_not_predicted"]
+    assert listed == ["build one-slot: not predicted: the llama-slot emulator's `cache_ram_mib` is stated by none "
+                      "of its places (the flag -cram; the flag --cache-ram): declare it as "
+                      "builds.one-slot.cache.cache_ram_mib in the inventory"], listed
 
 
 @pytest.mark.slow

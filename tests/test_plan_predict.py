@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from cache_qualify.cli import main
 from cache_qualify.config.command import command_words
@@ -68,9 +69,10 @@ def test_a_parameter_only_a_start_gives_refuses_the_plan_in_one_line(capsys: pyt
     server only, so the plan names it and --cache-param rather than guess."""
     assert main(PLAN) == 2
     err = capsys.readouterr().err
-    assert err == ("cache-qualify: error: build prefix-caching: the vllm-block emulator's `block_size` is known "
-                   "only once a server has started (looked in the flag --block-size; "
-                   "vllm:cache_config_info{block_size}; the command line gives none): give --cache-param "
+    assert err == ("cache-qualify: error: build prefix-caching: not predicted: the vllm-block emulator's "
+                   "`block_size` is known only once a server has started, if at all (looked in the flag --block-size; "
+                   "vllm:cache_config_info{block_size}; the command line gives none, the inventory declares none): "
+                   "declare it as builds.prefix-caching.cache.block_size in the inventory, or give --cache-param "
                    "prefix-caching.block_size=VALUE\n")
 
 
@@ -108,6 +110,12 @@ def test_a_runtime_without_an_emulator_is_refused(tmp_path: Path, capsys: pytest
     plain = write_file(tmp_path, edited(profile.split("\nemulator:", 1)[0] + "\n", "runtime: flare", "runtime: flare-plain"),
                        "flare-plain.yaml")
     hosts = write_inventory(tmp_path, server={"runtime": str(plain)})
+    # where the lab's servers state the emulator's parameters is refused too: there is no emulator to read them
+    assert main(["plan", "--predict", "--hosts", str(hosts), "--scenario", "reread-1g"]) == 2
+    assert "emulator: the runtime " in capsys.readouterr().err
+    data = yaml.safe_load(hosts.read_text(encoding="utf-8"))
+    del data["emulator"]
+    hosts.write_text(yaml.safe_dump(data), encoding="utf-8")
     assert main(["plan", "--predict", "--hosts", str(hosts), "--scenario", "reread-1g"]) == 2
     assert "profile names no cache emulator (`emulator:`): nothing to predict" in capsys.readouterr().err
 

@@ -1,7 +1,7 @@
 """What a real vLLM 0.32.0 (its CPU build) does, pinned: the facts the `vllm` profile rests on.
 
 Two servers, each started once for this module: prefix caching on (with the prompt's cached tokens
-in usage) and off (without them). A 4,000-token prompt P, another Q, then P again; the metric
+in usage) and off (without them); a third, with a pool of five blocks, for the decode steps' blocks. A 4,000-token prompt P, another Q, then P again; the metric
 deltas, the usage, the start-up log and /metrics are read from each. The last test stops both with
 SIGTERM. vLLM is installed when missing (`tests.support.vllm_build`); these tests FAIL when it
 cannot be.
@@ -22,11 +22,15 @@ import pytest
 import yaml
 
 from cache_qualify.config.profiles import resolve
+from cache_qualify.emulation.model import Prompts
+from cache_qualify.emulation.registry import predict
+from cache_qualify.emulation.sources import BuildCache, StartFacts, read_build
 from cache_qualify.trials.exchange import Exchange, RequestShape, exchange
 from cache_qualify.trials.measure import parse_metrics
 from tests.support.llama_server import LlamaServer
 from tests.support.recorded_vllm import two_prompts as prompts   # P and Q, as the recorded bodies have them
-from tests.support.vllm_server import MODEL_NAME, group_alive, start_vllm_server, stop_group, vllm  # noqa: F401
+from tests.support.vllm_server import (MODEL_NAME, group_alive, running_vllm_server, start_vllm_server,  # noqa: F401
+                                       stop_group, vllm)
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm")]
@@ -191,3 +195,41 @@ def test_sigterm_stops_each_server_and_its_processes(caching_on: Served, caching
         assert served.server.stop(grace_s) == 0, served.server.log_tail()   # not SIGKILLed after the grace
         # the engine's processes go with it (vLLM force-kills what is left of them)
         wait_for(lambda: not group_alive(served.server), grace_s, "no process left in the server's group")
+
+
+def test_decode_steps_take_blocks_and_evict_as_the_emulator_predicts(vllm: tuple[Path, Path], tmp_path: Path) -> None:
+    """The decode counterexample on the real vLLM (a start of its own: the pool must be tiny): blocks of 32, a
+    pool of 5 (the null block and 4), prompts of 64 and 96 tokens then the first 64 again, each generating 1,
+    then 2, then 16 tokens (`ignore_eos`: exactly that many). With one output token the third request is
+    served its first block (32); with 2 and with 16 the second request's decode steps take the pool's last
+    free blocks and evict it: 0. The emulator, under the parameters read from this start's flags, /metrics
+    and log, predicts every request's cached tokens exactly."""
+    kv_bytes = 5 * 32 * 512   # the tiny model's KV is 512 bytes a token (2 x 1 layer x 64 x float32)
+    flags = ["--enable-prefix-caching", "--enable-prompt-tokens-details", "--block-size", "32",
+             "--kv-cache-memory-bytes", str(kv_bytes), "--max-model-len", "128"]
+    sent: list[list[int]] = []
+    generated: list[int] = []
+    served: list[int] = []
+    with running_vllm_server(*vllm, tmp_path / "vllm.log", flags) as server:
+        with httpx.Client(base_url=server.base_url, timeout=120) as client:
+            for outputs, base in ((1, 100), (2, 300), (16, 500)):
+                first, second = list(range(base, base + 64)), list(range(base + 100, base + 196))
+                for tokens in (first, second, first):
+                    answer = client.post("/v1/completions", json={
+                        "model": MODEL_NAME, "prompt": tokens, "max_tokens": outputs, "ignore_eos": True,
+                        "temperature": 0})
+                    assert answer.status_code == 200, answer.text
+                    usage = answer.json()["usage"]
+                    assert usage["completion_tokens"] == outputs, usage
+                    served.append(int((usage["prompt_tokens_details"] or {}).get("cached_tokens") or 0))
+                    sent.append(tokens)
+                    generated.append(outputs)
+            metrics = client.get("/metrics").text
+        facts = StartFacts(tuple(str(a) for a in server.process.args), metrics, server.log())  # type: ignore[union-attr]
+    spec = resolve("vllm").emulator
+    assert spec is not None
+    cache = read_build("decode", spec, facts)
+    assert isinstance(cache, BuildCache) and cache.params["block_size"] == 32, cache
+    assert cache.params["num_gpu_blocks"] == 5, cache
+    prediction = predict(cache.emulator, cache.params, Prompts.of(sent, generated))
+    assert served == prediction.cached_tokens.tolist() == [0, 0, 32, 0, 0, 0, 0, 0, 0], (served, prediction)

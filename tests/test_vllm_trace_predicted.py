@@ -73,7 +73,7 @@ def test_a_one_at_a_time_replay_s_predicted_hits_are_the_ones_vllm_counts(
         facts = StartFacts(tuple(str(a) for a in server.process.args), body, server.log())   # type: ignore[union-attr]
     sent = [r.prompt for r in (*before, *window)]
     record = predict_replay(spec, facts, sent, range(len(before), len(sent)), build=build, trial=0, attempt="a",
-                            one_at_a_time=True)
+                            one_at_a_time=True, outputs=[r.max_tokens for r in (*before, *window)])
     hits, queries = (int(last[name] - first[name]) for name in COUNTERS)
     assert record.exact and record.tolerance == 0, record
     assert (record.cached_tokens, record.prompt_tokens) == ((hits,), (queries,)), (record, hits, queries)

@@ -96,7 +96,8 @@ class ReferenceRadix:
             node.lock += 1
             node = node.parent
         need = -(-(len(tokens) - matched) // self.page) * self.page
-        short = need - (self.capacity - self.held())
+        # paged, SGLang asks a page more per request than the new tokens (mem_cache/allocation.py)
+        short = len(tokens) - matched + (self.page if self.page > 1 else 0) - (self.capacity - self.held())
         freed = 0
         while freed < short:
             leaves = [s for s in self._all() if s is not self.root and not s.kids and s.lock == 0]

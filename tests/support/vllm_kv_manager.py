@@ -1,10 +1,12 @@
 """Run in vLLM's own environment (`tests.support.vllm_build`): vLLM's KVCacheManager replays prompts one
 request at a time as its scheduler admits them, offline (no server, no model).
 
-Reads ``{"block_size", "num_gpu_blocks", "prompts"}`` as JSON on stdin; prints ``{"hits": [cached tokens
-per request], "queries", "total_hits"}`` (its PrefixCacheStats, what vllm:prefix_cache_queries_total and
-_hits_total count). Per request: get_computed_blocks, allocate_slots for the rest of the prompt,
-record_prefix_cache_stats, then free (a request of max_tokens 1 finishes with its prefill).
+Reads ``{"block_size", "num_gpu_blocks", "prompts", "outputs"}`` as JSON on stdin (``outputs``, per request
+its max_tokens, 1 each when left out); prints ``{"hits": [cached tokens per request], "queries",
+"total_hits"}`` (its PrefixCacheStats, what vllm:prefix_cache_queries_total and _hits_total count). Per
+request: get_computed_blocks, allocate_slots for the rest of the prompt, record_prefix_cache_stats; then, as
+the scheduler runs its decode steps, each generated token but the last appended and a slot allocated for
+it (allocate_slots with one new token); then free (a request of max_tokens 1 finishes with its prefill).
 """
 
 import json
@@ -30,12 +32,18 @@ def main() -> None:
                              hash_block_size=block_size, enable_caching=True, log_stats=True)
     hasher = get_request_block_hasher(block_size, sha256)
     hits = []
-    for i, prompt in enumerate(spec["prompts"]):
-        request = Request(str(i), prompt, SamplingParams(max_tokens=1), None, block_hasher=hasher)
+    outputs = spec.get("outputs") or [1] * len(spec["prompts"])
+    for i, (prompt, generated) in enumerate(zip(spec["prompts"], outputs)):
+        request = Request(str(i), prompt, SamplingParams(max_tokens=generated), None, block_hasher=hasher)
         computed_blocks, computed, _ = manager.get_computed_blocks(request)
         assert manager.allocate_slots(request, len(prompt) - computed, computed, computed_blocks) is not None
         manager.record_prefix_cache_stats(request, computed)
+        request.num_computed_tokens = len(prompt)
         hits.append(computed)
+        for k in range(generated - 1):   # each decode step computes the token the step before sampled
+            request.append_output_token_ids(1_000_000 + 1_000 * i + k)
+            assert manager.allocate_slots(request, 1) is not None
+            request.num_computed_tokens += 1
         manager.free(request)
     stats = manager.make_prefix_cache_stats()
     print(json.dumps({"hits": hits, "queries": stats.queries, "total_hits": stats.hits}))
