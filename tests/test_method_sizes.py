@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from cache_qualify.methods import METHODS, NAMES
+from cache_qualify.sizing.design import Design
 from cache_qualify.sizing.planning import size
 from cache_qualify.stats.compare import Sample, compare
 from cache_qualify.stats.levels import check_plan
@@ -44,6 +45,7 @@ def test_each_method_reaches_the_power_of_its_sizes(method: str, alpha: float) -
         assert got >= 0.9 - power_tolerance(runs), (method, alpha, distance, blocks, got)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alpha", [0.01, 0.05])
 @pytest.mark.parametrize("method", NAMES)
 def test_plan_recommends_only_designs_the_gate_runs(method: str, alpha: float) -> None:
@@ -55,7 +57,6 @@ def test_plan_recommends_only_designs_the_gate_runs(method: str, alpha: float) -
         assert s.trials_per_build is not None and s.first_look_sequential is not None
         check_plan(method=chosen, alpha=alpha, trials_per_build=s.trials_per_build, paired=True)
         if s.max_trials_sequential is not None and s.max_trials_sequential > s.first_look_sequential:
-            from cache_qualify.sizing.design import Design
             d = Design(s.first_look_sequential, s.max_trials_sequential, s.spending_rho_sequential or 2.0)
             check_plan(method=chosen, alpha=alpha, trials_per_build=d.maximum, looks=d.looks, boundary=d.boundary,
                        paired=True)
