@@ -4,13 +4,20 @@ from the starts its decision read."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pandas as pd
 import pytest
 
 from cache_qualify.cli.decide import lines
 from cache_qualify.report.tables import fmt
-from cache_qualify.stats.pairwise import PairDecision, decide_trials
-from cache_qualify.stats.verdict import Assertion, Trials
+from cache_qualify.samples.records import ArmRecord, ArmsRecord, Plan
+from cache_qualify.samples.rundata import RunData
+from cache_qualify.samples.store import ALL
+from cache_qualify.stats.frames import assertion_samples
+from cache_qualify.stats.pairwise import PairDecision, decide_pair, decide_trials
+from cache_qualify.stats.verdict import Assertion, Trials, evaluate
 from cache_qualify.validation.simulate import binomial_bound
 from tests.support.pair_sim import clopper_pearson, simulate
 
@@ -65,3 +72,38 @@ def test_pairs_named_before_a_sequential_run_keep_alpha(alpha: float, runs: int)
     assert pooled <= binomial_bound(runs * r.pairs, alpha), (pooled, low, high, r.first_look)
     worst = max(r.first_look.values())
     assert worst <= binomial_bound(runs, alpha, 1 - 0.01 / r.pairs), r.first_look
+
+
+def _run(schedule: tuple[int, ...], starts: dict[str, int]) -> RunData:
+    """A run folder's data in memory: builds a, b, c in interleaved blocks (one start each), build b
+    stopped after `starts["b"]`, the verdicts of one gain on the readiness wait, the arms' schedule."""
+    rng = np.random.default_rng(2)
+    rows, trials = [], []
+    number = 0
+    for block in range(max(starts.values())):
+        for build, n in starts.items():
+            if block < n:
+                value = float(1 + 0.1 * rng.standard_normal())
+                rows.append(dict(scenario="s", build=build, trial=number, block=block, request="B", host=ALL,
+                                 metric=WAIT.metric, value=value, group=""))
+                trials.append(dict(scenario="s", build=build, trial=number, block=block, outcome="ok"))
+                number += 1
+    samples = pd.DataFrame(rows)
+    pairs = assertion_samples(samples, [WAIT], scenario="s", baseline="a", candidate="c")
+    verdicts = evaluate([WAIT], pairs, alpha=0.05, method="welch", arm="c")
+    arms = ArmsRecord(looks=len(schedule), schedule=schedule,
+                      arms=(ArmRecord("a", "a", "baseline"), ArmRecord("b", "b", "candidate"),
+                            ArmRecord("c", "c", "candidate")))
+    return RunData(Path("run"), Plan(run_id="run", seed=0, baseline="a", candidates=("b", "c"), scenarios=("s",)),
+                   samples, pd.DataFrame(trials), {"s": tuple(v.record for v in verdicts)}, {}, {"s": arms})
+
+
+def test_decide_pair_reads_a_sequential_run_s_first_look() -> None:
+    """A 4..9 run in which b stopped at 6 starts and a, c ran 9: the pair b against c is decided on the
+    first look's 4 blocks, and says so; a one-look run's pair on the blocks both ran, with no note."""
+    decision = decide_pair(_run(tuple(range(4, 10)), {"a": 9, "b": 6, "c": 9}), "b", "c")
+    r = decision.verdicts[0].record
+    assert (r.trials_baseline, r.trials_candidate) == (4, 4), r.reason
+    assert len(decision.notes) == 1 and "first look (4 trials per build)" in decision.notes[0], decision.notes
+    fixed = decide_pair(_run((9,), {"a": 9, "b": 9, "c": 9}), "b", "c")
+    assert fixed.verdicts[0].record.trials_baseline == 9 and fixed.notes == (), fixed.notes
