@@ -60,7 +60,7 @@ def test_every_printed_figure_is_of_the_starts_the_decision_read() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("alpha", "runs"), [(0.05, 1000), (0.01, 400)])
+@pytest.mark.parametrize(("alpha", "runs"), [(0.05, 1000), (0.01, 200)])
 def test_pairs_named_before_a_sequential_run_keep_alpha(alpha: float, runs: int) -> None:
     """A copy of the baseline in a 4..12 gate run (the gate's own Tournament, look by look); both ordered
     pairs of the two builds decided as `decide` decides them pass at most alpha: pooled and per pair within
