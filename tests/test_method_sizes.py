@@ -18,7 +18,8 @@ from cache_qualify.stats.levels import check_plan
 from cache_qualify.stats.power import trials_for_power
 from cache_qualify.validation.promises import power_tolerance
 
-DISTANCES = (1.5, 2.5, 6.0)      # true distance from the boundary, in SDs of a block difference: the few blocks where a p's lattice is coarse
+# true distance from the boundary, in SDs of a block difference: the few blocks where a p's lattice is coarse
+DISTANCES = (1.5, 2.5, 6.0)
 
 
 def gate_power(method: str, blocks: int, distance_sd: float, alpha: float, *, runs: int, seed: int) -> float:

@@ -36,8 +36,8 @@ def p99_passes(blocks: int, *, runs: int, seed: int, log_sd: float = 0.3) -> int
         for _ in range(runs):
             base = np.exp(log_sd * rng.standard_normal(blocks))
             cand = 0.7 * np.exp(log_sd * rng.standard_normal(blocks))
-            v, = evaluate([P99], {P99.id: (Trials(tuple(base), ids, ids), Trials(tuple(cand), tuple(100 + i for i in ids), ids))},
-                          alpha=0.01)
+            pair = (Trials(tuple(base), ids, ids), Trials(tuple(cand), tuple(100 + i for i in ids), ids))
+            v, = evaluate([P99], {P99.id: pair}, alpha=0.01)
             passes += v.outcome == "pass"
     return passes
 
