@@ -81,6 +81,8 @@ class TournamentRun:
     trials: dict[str, int]            # per candidate, at its stop
     starts: int                       # the tournament's: baseline + every candidate
     separate: int                     # one two-arm run per candidate, deciding alike
+    # every build's starts as the run ran them (the baseline's until the last arm stopped), per assertion id
+    ran: dict[str, dict[str, Trials]]
 
 
 def _prefix(pair: tuple[Trials, Trials], n: int) -> tuple[Trials, Trials]:
@@ -107,7 +109,10 @@ def tournament(sh: Shape, effects_sd: Sequence[Sequence[float]], looks: Sequence
             break
     outcomes = {c: str(arms.decisions[c].outcome) for c in names}
     starts, separate = tournament_starts([trials[c] for c in names])
-    return TournamentRun(outcomes, trials, starts, separate)
+    ran = {"baseline": {i: _prefix((baseline[i], baseline[i]), max(trials.values()))[0] for i in ids}}
+    ran.update({c: {i: _prefix((drawn[j][i][1], drawn[j][i][1]), trials[c])[0] for i in ids}
+                for j, c in enumerate(names)})
+    return TournamentRun(outcomes, trials, starts, separate, ran)
 
 
 @dataclass(frozen=True)
