@@ -16,6 +16,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import socket
 import subprocess
 import sys
@@ -181,11 +182,15 @@ def test_gate_passes_with_every_request_forwarded_over_ssh(bastion: BastionLab) 
     assert leftovers_of(os.getpid()) == []
 
 
-def test_an_artifact_candidate_is_staged_through_the_jump_host_checked_and_qualified(bastion: BastionLab) -> None:
+def test_an_artifact_candidate_is_staged_through_the_jump_host_checked_and_qualified(
+        bastion: BastionLab, monkeypatch: pytest.MonkeyPatch) -> None:
     """A candidate given whole on the command line (the emulated server's file as an artifact of the
     runner) is copied over SFTP through the jump host onto every host, into a folder named by its sha256,
-    checked there and qualified; the next run finds one host holding other bytes and fails before any
-    rank starts, naming the host and both digests."""
+    checked there and qualified, its digest and the pipeline's commit recorded in provenance.json, JUnit
+    and the history; the next run finds one host holding other bytes and fails before any rank starts,
+    naming the host and both digests."""
+    monkeypatch.setenv("GITHUB_SHA", "0c0ffee" * 5)
+    monkeypatch.delenv("CI_COMMIT_SHA", raising=False)
     artifact = bastion.tmp_path / "artifacts" / "pr-server.py"
     artifact.parent.mkdir()
     artifact.write_bytes((REPO / "fixtures" / "cache_qualify" / "sim" / "server.py").read_bytes())
@@ -201,7 +206,13 @@ def test_an_artifact_candidate_is_staged_through_the_jump_host_checked_and_quali
     assert all(path.read_bytes() == artifact.read_bytes() for path in staged.values())
     provenance = json.loads((run.run_dir() / "provenance.json").read_text(encoding="utf-8"))
     assert provenance["builds"]["0421"] | {"flags": []} == provenance["builds"]["0421"] | {
-        "role": "candidate", "source": "artifact", "digest": digest, "path": str(artifact), "flags": []}
+        "role": "candidate", "source": "artifact", "digest": digest, "ref": "0c0ffee" * 5, "path": str(artifact),
+        "flags": []}
+    properties = {p.get("name"): p.get("value") for p in run.junit().iter("property")}
+    assert (properties["build[0421].digest"], properties["build[0421].ref"]) == (digest, "0c0ffee" * 5)
+    with sqlite3.connect(run.reports / "history.sqlite") as history:
+        assert history.execute("SELECT source, digest, ref FROM builds WHERE build = '0421'").fetchall() == [
+            ("artifact", digest, "0c0ffee" * 5)]
     logs = {name: sorted(p.name for p in path.parents[2].glob("*.log")) for name, path in staged.items()}
     assert all(any("0421" in log for log in names) for names in logs.values()), logs
 
