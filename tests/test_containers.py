@@ -1,0 +1,145 @@
+"""`image` builds run by a real engine: podman (with runc) on two simulated hosts of this machine, images
+pushed by the tests to a real registry on loopback (Debian's docker-registry) and pulled by digest.
+
+One registry and one image (a busybox root filesystem serving /health) are shared by the module's tests;
+after each test the engine lists no container of the suite. Cost: about 30 s in all on two cores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cache_qualify.config.inventory import Inventory, load_inventory
+from cache_qualify.errors import BuildError, StaleServer
+from cache_qualify.lab.control import Lab
+from cache_qualify.lab.server import ServerGroup
+from tests.support import containers
+from tests.support.labfixtures import free_port, write_file
+
+pytestmark = pytest.mark.containers
+
+BUSYBOX = Path("/bin/busybox")
+# the rank prints a KV line (its rank as the page count) and serves the image's /www over HTTP
+INVENTORY = """\
+lab: containers
+hosts:
+  - {{name: a, address: 127.0.0.11, rank: 0, transport: local}}
+  - {{name: b, address: 127.0.0.12, rank: 1, transport: local}}
+server:
+  runtime: flare
+  command: "{{build_path}} sh -c 'echo KV cache: $0 pages; exec /bin/busybox httpd -f -p $1 -h /www' {{rank}} {{address}}:{{port}}"
+  http_port: {port}
+  run_dir: on-hosts
+  stop_grace_s: 2
+  readiness: {{path: /health, timeout_s: 60}}
+  container:
+    engine: podman
+    engine_options: [--runtime, runc]
+    run_options: [--ulimit, "nofile=1024:1024", --ulimit, "nproc=1024:1024"]
+    program: /bin/busybox
+builds:
+  served: {{image: "{image}"}}
+baseline: served
+candidate: served
+"""
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[containers.Registry]:
+    try:
+        yield from containers.start_registry(tmp_path_factory.mktemp("registry"))
+    except containers.ContainersUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def image(registry: containers.Registry) -> tuple[str, str]:
+    """(name:tag, digest) of a busybox image in the registry, not in the engine's store."""
+    return registry.push_rootfs("cq-busybox", "t1", {"/bin/busybox": BUSYBOX, "/bin/sh": BUSYBOX,
+                                                     "/www/health": b"ok\n"})
+
+
+@pytest.fixture(autouse=True)
+def no_container_left() -> Iterator[None]:
+    yield
+    left = containers.remove_suite_containers()
+    assert left == [], f"the engine still lists the suite's containers {left} after the test"
+
+
+def inventory_of(tmp_path: Path, image: str) -> Inventory:
+    text = INVENTORY.format(port=free_port(("127.0.0.11", "127.0.0.12")), image=image)
+    return load_inventory(write_file(tmp_path, text, "hosts.yaml"))
+
+
+def test_an_image_build_is_pulled_by_digest_runs_as_containers_and_stops_through_the_engine(
+        tmp_path: Path, image: tuple[str, str]) -> None:
+    reference, digest = image
+    inventory = inventory_of(tmp_path, reference)
+    with Lab(inventory, inventory.groups_resolved()[0], run_id="img-run") as lab:   # pulls on every host
+        server = ServerGroup(lab, "served", inventory.build("served"), tag="t0")
+        with server:
+            server.start()
+            assert server.identity is not None and f"sha256:{server.identity.digest}" == digest
+            server.wait_ready()
+            assert server.number_from_log(r"KV cache: (\d+) pages") == {"a": 0, "b": 1}
+            listed = containers.podman("ps", "--filter", "label=cache-qualify.run=img-run", "--format",
+                                       "{{.Names}} {{.Image}} {{.Labels}}").stdout.splitlines()
+            assert len(listed) == 2 and all(f"@{digest}" in line or digest.removeprefix("sha256:")[:12] in line
+                                            for line in listed), listed
+            assert all("cache-qualify.build:served" in line for line in listed), listed
+        # stopped through the engine: nothing of the run is listed any more
+        assert containers.suite_containers() == []
+        logs = server.fetch_logs(tmp_path / "logs")
+        assert sorted(p.read_text(encoding="utf-8").splitlines()[0] for p in logs) == ["KV cache: 0 pages",
+                                                                                       "KV cache: 1 pages"]
+
+
+def test_the_lock_holder_stops_the_containers_of_a_runner_that_left_them(tmp_path: Path,
+                                                                           image: tuple[str, str]) -> None:
+    """A runner gone without stopping its ranks (its lab closed, as its lock holder sees a dead runner):
+    the release command stops the containers it recorded."""
+    inventory = inventory_of(tmp_path, image[0])
+    lab = Lab(inventory, inventory.groups_resolved()[0], run_id="left").open()
+    server = ServerGroup(lab, "served", inventory.build("served"), tag="t0")
+    server.start()
+    server.wait_ready()
+    assert len(containers.suite_containers()) == 2
+    lab.close()
+    assert containers.suite_containers() == []
+    server.close()
+
+
+def test_a_stale_container_is_named_and_kill_stale_removes_it(tmp_path: Path, image: tuple[str, str]) -> None:
+    inventory = inventory_of(tmp_path, image[0])
+    with Lab(inventory, inventory.groups_resolved()[0], run_id="next") as lab:
+        folder = lab.dir(inventory.hosts[1])
+        # what an earlier run left on host b: a container with its labels, its records gone with it
+        containers.podman("run", "-d", "--name", "cq-earlier-b", "--label", "cache-qualify.run=earlier",
+                          "--label", f"cache-qualify.dir={folder}", *containers.RUN_OPTIONS,
+                          f"{image[0].rsplit(':', 1)[0]}@{image[1]}", "/bin/busybox", "sleep", "600")
+        server = ServerGroup(lab, "served", inventory.build("served"))
+        with pytest.raises(StaleServer, match=r"^host b rank 1: containers from an earlier run are still there "
+                                              r"\(cq-earlier-b\); stop them or rerun with --kill-stale$"):
+            server.check_stale(kill=False)
+        server.check_stale(kill=True)
+        assert containers.suite_containers() == []
+        server.close()
+
+
+@pytest.mark.parametrize(("where", "match"), [
+    ("missing", r"^host a: build 'served': pulling 127\.0\.0\.1:\d+/cq-nothing:t1 failed \(status \d+\): .*manifest "
+                r"unknown"),
+    ("refused", r"^host a: build 'served': pulling 127\.0\.0\.1:\d+/cq-busybox:t1 failed \(status \d+\): .*"
+                r"connection refused"),
+])
+def test_an_image_that_cannot_be_pulled_fails_before_any_start_in_one_line(
+        tmp_path: Path, registry: containers.Registry, image: tuple[str, str], where: str, match: str) -> None:
+    reference = (image[0].replace("cq-busybox", "cq-nothing") if where == "missing"
+                 else image[0].replace(registry.address, f"127.0.0.1:{free_port(('127.0.0.1',))}"))
+    inventory = inventory_of(tmp_path, reference)
+    with pytest.raises(BuildError, match=match) as info:
+        Lab(inventory, inventory.groups_resolved()[0], run_id="nope").open()
+    assert "\n" not in str(info.value)
