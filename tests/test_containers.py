@@ -7,21 +7,28 @@ after each test the engine lists no container of the suite. Cost: about 30 s in 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cache_qualify.config.inventory import Inventory, load_inventory
 from cache_qualify.errors import BuildError, StaleServer
 from cache_qualify.lab.control import Lab
 from cache_qualify.lab.server import ServerGroup
 from tests.support import containers
-from tests.support.labfixtures import free_port, write_file
+from tests.support.examples import adapt_example, outcomes
+from tests.support.labfixtures import REPO, free_port, run_qualify, write_file
+from tests.support.llama_server import llama_server_binary
+from tests.support.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.containers
 
 BUSYBOX = Path("/bin/busybox")
+LLAMA_EXAMPLE, LLAMA_RESEND = REPO / "examples" / "llama-cpp.yaml", REPO / "examples" / "llama-cpp-resend.yaml"
+LLAMA_BINARY, LLAMA_MODEL = "/opt/llama.cpp/build/bin/llama-server", "/srv/models/model.gguf"
 # the rank prints a KV line (its rank as the page count) and serves the image's /www over HTTP
 INVENTORY = """\
 lab: containers
@@ -63,9 +70,9 @@ def image(registry: containers.Registry) -> tuple[str, str]:
 
 
 @pytest.fixture(autouse=True)
-def no_container_left() -> Iterator[None]:
+def no_container_left(tmp_path: Path) -> Iterator[None]:
     yield
-    left = containers.remove_suite_containers()
+    left = containers.remove_suite_containers(tmp_path)
     assert left == [], f"the engine still lists the suite's containers {left} after the test"
 
 
@@ -91,7 +98,7 @@ def test_an_image_build_is_pulled_by_digest_runs_as_containers_and_stops_through
                                             for line in listed), listed
             assert all("cache-qualify.build:served" in line for line in listed), listed
         # stopped through the engine: nothing of the run is listed any more
-        assert containers.suite_containers() == []
+        assert containers.suite_containers(tmp_path) == []
         logs = server.fetch_logs(tmp_path / "logs")
         assert sorted(p.read_text(encoding="utf-8").splitlines()[0] for p in logs) == ["KV cache: 0 pages",
                                                                                        "KV cache: 1 pages"]
@@ -106,9 +113,9 @@ def test_the_lock_holder_stops_the_containers_of_a_runner_that_left_them(tmp_pat
     server = ServerGroup(lab, "served", inventory.build("served"), tag="t0")
     server.start()
     server.wait_ready()
-    assert len(containers.suite_containers()) == 2
+    assert len(containers.suite_containers(tmp_path)) == 2
     lab.close()
-    assert containers.suite_containers() == []
+    assert containers.suite_containers(tmp_path) == []
     server.close()
 
 
@@ -125,7 +132,7 @@ def test_a_stale_container_is_named_and_kill_stale_removes_it(tmp_path: Path, im
                                               r"\(cq-earlier-b\); stop them or rerun with --kill-stale$"):
             server.check_stale(kill=False)
         server.check_stale(kill=True)
-        assert containers.suite_containers() == []
+        assert containers.suite_containers(tmp_path) == []
         server.close()
 
 
@@ -143,3 +150,34 @@ def test_an_image_that_cannot_be_pulled_fails_before_any_start_in_one_line(
     with pytest.raises(BuildError, match=match) as info:
         Lab(inventory, inventory.groups_resolved()[0], run_id="nope").open()
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("llama-qualify")   # one real-server qualification at a time on two cores
+def test_the_real_llama_server_in_an_image_pulled_by_digest_qualifies_its_host_memory_cache(
+        tmp_path: Path, registry: containers.Registry) -> None:
+    """examples/llama-cpp.yaml with both builds the llama-server image (the static binary the tests build, and
+    what it links, in a root filesystem) pulled by digest from the loopback registry: --cache-ram 8192 against
+    --cache-ram 0 on exact re-sends, decided; the model mounted read-only, the page-cache drop on the host."""
+    (tmp_path / "model").mkdir()
+    binary, model = llama_server_binary(), make_tiny_model(tmp_path / "model")
+    _, digest = registry.push_rootfs("cq-llama", "t1", containers.program_files(binary, "/llama-server"))
+    pinned = f"{registry.address}/cq-llama@{digest}"
+    path = adapt_example(LLAMA_EXAMPLE, tmp_path, program=(LLAMA_BINARY, binary), model=(LLAMA_MODEL, model.path),
+                         command_suffix=" -t 1")
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data["server"]["container"] = {"engine": "podman", "engine_options": list(containers.ENGINE_OPTIONS),
+                                   "run_options": [*containers.RUN_OPTIONS, "-v", f"{model.path}:{model.path}:ro"],
+                                   "program": "/llama-server"}
+    for build in data["builds"].values():
+        del build["path"]
+        build["image"] = pinned
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    run = run_qualify(path, tmp_path / "reports", "--scenario", str(LLAMA_RESEND), "--max-trials", "16",
+                      timeout_s=600)
+    assert run.returncode == 0, run.output[-6000:]
+    seen = outcomes(run)
+    assert seen["test_prompt_cache[hit_rate-gain[A-again]]"] == "passed", run.output[-4000:]
+    provenance = json.loads((run.run_dir() / "provenance.json").read_text(encoding="utf-8"))
+    assert {b["source"] for b in provenance["builds"].values()} == {"image"}
+    assert {b["digest"] for b in provenance["builds"].values()} == {digest.removeprefix("sha256:")}

@@ -45,10 +45,13 @@ def podman(*args: str, check: bool = True, timeout_s: float = 120.0) -> subproce
                           timeout=timeout_s)
 
 
-def suite_containers() -> list[str]:
-    """Every container the suite labelled (running or not), by name."""
-    listed = podman("ps", "-a", "--filter", f"label={SUITE_LABEL}", "--format", "{{.Names}}")
-    return listed.stdout.split()
+def suite_containers(under: Path | None = None) -> list[str]:
+    """Every container the suite labelled (running or not), by name; `under`: only those of host folders
+    under it (a test's own: tests on other xdist workers run containers of their own meanwhile)."""
+    listed = podman("ps", "-a", "--filter", f"label={SUITE_LABEL}", "--format",
+                    '{{.Names}} {{index .Labels "cache-qualify.dir"}}').stdout.splitlines()
+    pairs = [(line.split(" ", 1) + [""])[:2] for line in listed if line.strip()]
+    return [name for name, folder in pairs if under is None or folder.startswith(f"{under}/")]
 
 
 @dataclass
@@ -129,13 +132,28 @@ def _answers(port: int) -> bool:
         return False
 
 
-def remove_suite_containers() -> list[str]:
-    """Remove every container the suite labelled; the names removed (a test's leftovers)."""
-    names = suite_containers()
+def program_files(binary: Path, inside: str) -> dict[str, Path]:
+    """A root filesystem's files running `binary` as `inside`: the binary, and the shared libraries (and the
+    loader) `ldd` names when it is not static, at their own paths."""
+    files: dict[str, Path] = {inside: binary}
+    listed = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=False).stdout
+    for line in listed.splitlines():
+        words = line.split()
+        path = next((w for w in words if w.startswith("/")), None)
+        if path is not None:
+            files[path] = Path(path).resolve()
+    return files
+
+
+def remove_suite_containers(under: Path | None = None) -> list[str]:
+    """Remove every container the suite labelled (under `under`, as `suite_containers`); the names removed
+    (a test's leftovers)."""
+    names = suite_containers(under)
     if names:
         podman("rm", "-f", *names, check=False)
     return names
 
 
-__all__ = ["ContainersUnavailable", "ENGINE_OPTIONS", "RUN_OPTIONS", "Registry", "podman", "remove_suite_containers",
+__all__ = ["ContainersUnavailable", "ENGINE_OPTIONS", "RUN_OPTIONS", "Registry", "podman", "program_files",
+           "remove_suite_containers",
            "require", "start_registry", "suite_containers"]
