@@ -161,7 +161,7 @@ def test_the_real_llama_server_in_an_image_pulled_by_digest_qualifies_its_host_m
     --cache-ram 0 on exact re-sends, decided; the model mounted read-only, the page-cache drop on the host."""
     (tmp_path / "model").mkdir()
     binary, model = llama_server_binary(), make_tiny_model(tmp_path / "model")
-    _, digest = registry.push_rootfs("cq-llama", "t1", containers.program_files(binary, "/llama-server"))
+    tagged, digest = registry.push_rootfs("cq-llama", "t1", containers.program_files(binary, "/llama-server"))
     pinned = f"{registry.address}/cq-llama@{digest}"
     path = adapt_example(LLAMA_EXAMPLE, tmp_path, program=(LLAMA_BINARY, binary), model=(LLAMA_MODEL, model.path),
                          command_suffix=" -t 1")
@@ -173,11 +173,13 @@ def test_the_real_llama_server_in_an_image_pulled_by_digest_qualifies_its_host_m
         del build["path"]
         build["image"] = pinned
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    # the candidate given whole on the command line, by its tag: resolved to the digest once, then pinned
     run = run_qualify(path, tmp_path / "reports", "--scenario", str(LLAMA_RESEND), "--max-trials", "16",
-                      timeout_s=600)
+                      "--candidate", f"cache-8g=ram-cache@image:{tagged}", timeout_s=600)
     assert run.returncode == 0, run.output[-6000:]
     seen = outcomes(run)
     assert seen["test_prompt_cache[hit_rate-gain[A-again]]"] == "passed", run.output[-4000:]
     provenance = json.loads((run.run_dir() / "provenance.json").read_text(encoding="utf-8"))
-    assert {b["source"] for b in provenance["builds"].values()} == {"image"}
-    assert {b["digest"] for b in provenance["builds"].values()} == {digest.removeprefix("sha256:")}
+    assert {name: (b["source"], b["digest"], b["path"]) for name, b in provenance["builds"].items()} == {
+        "no-ram-cache": ("image", digest.removeprefix("sha256:"), pinned),
+        "cache-8g": ("image", digest.removeprefix("sha256:"), tagged)}
