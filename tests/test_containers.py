@@ -15,8 +15,10 @@ import pytest
 import yaml
 
 from cache_qualify.config.inventory import Inventory, load_inventory
-from cache_qualify.errors import BuildError, StaleServer
+from cache_qualify.errors import BuildError, CommandFailed, StaleServer
 from cache_qualify.lab.control import Lab
+from cache_qualify.lab.preflight import check_builds
+from cache_qualify.lab.transport import LocalTransport
 from cache_qualify.lab.server import ServerGroup
 from tests.support import containers
 from tests.support.examples import adapt_example, outcomes
@@ -183,3 +185,15 @@ def test_the_real_llama_server_in_an_image_pulled_by_digest_qualifies_its_host_m
     assert {name: (b["source"], b["digest"], b["path"]) for name, b in provenance["builds"].items()} == {
         "no-ram-cache": ("image", digest.removeprefix("sha256:"), pinned),
         "cache-8g": ("image", digest.removeprefix("sha256:"), tagged)}
+
+
+def test_the_preflight_names_a_host_whose_engine_does_not_answer(tmp_path: Path, image: tuple[str, str]) -> None:
+    inventory = inventory_of(tmp_path, image[0])
+    host = inventory.hosts[0]
+    check_builds(inventory, host, LocalTransport(host.name))   # podman answers
+    absent = inventory.model_copy(update={"server": inventory.server.model_copy(update={
+        "container": inventory.server.container.model_copy(update={"engine": "docker", "engine_options": ()})})})
+    # no docker here: its client missing (status 127) or without a daemon (Cannot connect ...)
+    with pytest.raises(CommandFailed, match=r"^host a: the container engine `docker` \(server\.container\) does not "
+                                            r"answer there: (.*not found \(status 127\)|Cannot connect.*\(status 1\))$"):
+        check_builds(absent, host, LocalTransport(host.name))
