@@ -164,3 +164,20 @@ def test_a_copy_stopped_halfway_leaves_no_folder_under_a_digest(tmp_path: Path) 
     _, again = lab_checks(tmp_path)     # the next run stages it whole
     again.stage([("pr", build)])
     assert all(Path(again.host_path("pr", build, h)).stat().st_size == 3 << 20 for h in inventory.hosts)
+
+
+def test_a_host_whose_disk_fills_during_staging_fails_in_one_line_and_keeps_no_partial_copy(tmp_path: Path) -> None:
+    """Host b's folder on a 1 MiB tmpfs: the copy of a 3 MiB artifact fails there naming the host, the build and
+    the cause; its partial folder is removed."""
+    inventory, checks = lab_checks(tmp_path)
+    on_b = Path(host_dir(inventory, inventory.hosts[1]))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(on_b)], check=True)
+    try:
+        big = tmp_path / "model-server"
+        big.write_bytes(os.urandom(3 << 20))
+        with pytest.raises(BuildError, match=r"^host b: build 'pr': staging .*/model-server into .*/b/builds/[0-9a-f]{64} "
+                                             r"failed: copying .* failed: No space left on device$"):
+            checks.stage([("pr", Build(artifact=str(big)))])
+        assert [p.name for p in (on_b / "builds").iterdir()] == []
+    finally:
+        subprocess.run(["umount", str(on_b)], check=True)
