@@ -2,7 +2,8 @@
 pushed by the tests to a real registry on loopback (Debian's docker-registry) and pulled by digest.
 
 One registry and one image (a busybox root filesystem serving /health) are shared by the module's tests;
-after each test the engine lists no container of the suite. Cost: about 30 s in all on two cores.
+after each test the engine lists no container of the suite. Cost: about 30 s on two cores, and 55 s for the
+real llama-server's qualification (slow).
 """
 
 from __future__ import annotations
@@ -158,9 +159,10 @@ def test_an_image_that_cannot_be_pulled_fails_before_any_start_in_one_line(
 @pytest.mark.xdist_group("llama-qualify")   # one real-server qualification at a time on two cores
 def test_the_real_llama_server_in_an_image_pulled_by_digest_qualifies_its_host_memory_cache(
         tmp_path: Path, registry: containers.Registry) -> None:
-    """examples/llama-cpp.yaml with both builds the llama-server image (the static binary the tests build, and
-    what it links, in a root filesystem) pulled by digest from the loopback registry: --cache-ram 8192 against
-    --cache-ram 0 on exact re-sends, decided; the model mounted read-only, the page-cache drop on the host."""
+    """examples/llama-cpp.yaml with its builds the llama-server image (the binary the tests build and the
+    libraries it links, in a root filesystem) in the loopback registry: the baseline pinned by digest, the
+    candidate given on the command line by its tag; --cache-ram 8192 against --cache-ram 0 on exact re-sends,
+    decided; the model mounted read-only, the page-cache drop on the host. Cost: about 55 s."""
     (tmp_path / "model").mkdir()
     binary, model = llama_server_binary(), make_tiny_model(tmp_path / "model")
     tagged, digest = registry.push_rootfs("cq-llama", "t1", containers.program_files(binary, "/llama-server"))
