@@ -40,7 +40,9 @@ hosts:
   - {{name: b, address: 127.0.0.12, rank: 1, transport: local}}
 server:
   runtime: flare
-  command: "{{build_path}} sh -c 'echo KV cache: $0 pages; exec /bin/busybox httpd -f -p $1 -h /www' {{rank}} {{address}}:{{port}}"
+  command: >-
+    {{build_path}} sh -c 'echo KV cache: $0 pages; exec /bin/busybox httpd -f -p $1 -h /www'
+    {{rank}} {{address}}:{{port}}
   http_port: {port}
   run_dir: on-hosts
   stop_grace_s: 2

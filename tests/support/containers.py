@@ -119,10 +119,20 @@ def start_registry(folder: Path) -> Iterator[Registry]:
     finally:
         registry.stop()
         log.close()
+        _remove_images(registry.address)
         if before is None:
             os.environ.pop("CONTAINERS_REGISTRIES_CONF", None)
         else:
             os.environ["CONTAINERS_REGISTRIES_CONF"] = before
+
+
+def _remove_images(address: str) -> None:
+    """The images the tests pulled from the registry at `address`, out of the engine's store (each test session's
+    registry has a port of its own: they would pile up)."""
+    listed = podman("images", "--format", "{{.ID}} {{.Repository}}", check=False).stdout.splitlines()
+    ids = sorted({line.split()[0] for line in listed if line.split()[1:2] and line.split()[1].startswith(address + "/")})
+    if ids:
+        podman("rmi", "-f", *ids, check=False)
 
 
 def _answers(port: int) -> bool:
