@@ -11,9 +11,12 @@ Run as root with iproute2 and openssh-server; without them these tests fail, nev
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import signal
+import sqlite3
 import socket
 import subprocess
 import sys
@@ -54,14 +57,16 @@ class BastionLab:
     tmp_path: Path
     ssh: dict[str, Any]
 
-    def inventory(self, name: str = "hosts.yaml", **host_fields: Any) -> Path:
+    def inventory(self, name: str = "hosts.yaml", *, server: dict[str, Any] | None = None,
+                  **host_fields: Any) -> Path:
         """The committed simulated lab's inventory with the hosts named by their aliases."""
         hosts = [{"name": n, "address": n, "rank": r, "transport": "ssh", **host_fields}
                  for r, n in enumerate(HOSTS)]
         # the quiet lab: two trials per build must decide the gate, so the test is about the route
         # (as in test_resume); the calibrated noise is the gate tests' business
         return write_inventory(self.tmp_path, name=name, hosts=hosts, ssh=self.ssh, noise="quiet",
-                               server={"http_port": HTTP_PORT, "readiness": {"path": "/health", "timeout_s": 120}})
+                               server={"http_port": HTTP_PORT, "readiness": {"path": "/health", "timeout_s": 120},
+                                       **(server or {})})
 
     def short_scenario(self) -> tuple[str, str]:
         """`--scenario` of the short scenario (the study's A and A-new-start), written in this lab's folder."""
@@ -175,6 +180,50 @@ def test_gate_passes_with_every_request_forwarded_over_ssh(bastion: BastionLab) 
     bastion.check_nothing_left()
     bastion.close()
     assert leftovers_of(os.getpid()) == []
+
+
+def test_an_artifact_candidate_is_staged_through_the_jump_host_checked_and_qualified(
+        bastion: BastionLab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A candidate given whole on the command line (the emulated server's file as an artifact of the
+    runner) is copied over SFTP through the jump host onto every host, into a folder named by its sha256,
+    checked there and qualified, its digest and the pipeline's commit recorded in provenance.json, JUnit
+    and the history; the next run finds one host holding other bytes and fails before any rank starts,
+    naming the host and both digests."""
+    monkeypatch.setenv("GITHUB_SHA", "0c0ffee" * 5)
+    monkeypatch.delenv("CI_COMMIT_SHA", raising=False)
+    artifact = bastion.tmp_path / "artifacts" / "pr-server.py"
+    artifact.parent.mkdir()
+    artifact.write_bytes((REPO / "fixtures" / "cache_qualify" / "sim" / "server.py").read_bytes())
+    digest = hashlib.sha256(artifact.read_bytes()).hexdigest()
+    # the build's file is what every rank runs: the staged copy, not the checkout's module
+    inventory = bastion.inventory(server={"command": (
+        "{python} {build_path} --rank {rank} --tensor-parallel-size {world_size} --rank0-address "
+        "{rank0_address}:{port} --host {address} --port {port} --sim-seed {seed} {flags}")})
+    given = ("--candidate", f"0421=two_choice@artifact:{artifact}")
+    run = bastion.qualify(inventory, *bastion.short_scenario(), *SHORT_GATE, *given, "--run-id", "artifact")
+    assert run.returncode == 0, run.output[-6000:]
+    staged = {name: bastion.tmp_path / "on-hosts" / name / "builds" / digest / "pr-server.py" for name in HOSTS}
+    assert all(path.read_bytes() == artifact.read_bytes() for path in staged.values())
+    provenance = json.loads((run.run_dir() / "provenance.json").read_text(encoding="utf-8"))
+    assert provenance["builds"]["0421"] | {"flags": []} == provenance["builds"]["0421"] | {
+        "role": "candidate", "source": "artifact", "digest": digest, "ref": "0c0ffee" * 5, "path": str(artifact),
+        "flags": []}
+    properties = {p.get("name"): p.get("value") for p in run.junit().iter("property")}
+    assert (properties["build[0421].digest"], properties["build[0421].ref"]) == (digest, "0c0ffee" * 5)
+    with sqlite3.connect(run.reports / "history.sqlite") as history:
+        assert history.execute("SELECT source, digest, ref FROM builds WHERE build = '0421'").fetchall() == [
+            ("artifact", digest, "0c0ffee" * 5)]
+    logs = {name: sorted(p.name for p in path.parents[2].glob("*.log")) for name, path in staged.items()}
+    assert all(any("0421" in log for log in names) for names in logs.values()), logs
+
+    staged["gb10-b"].write_text("# another build\n", encoding="utf-8")
+    other = hashlib.sha256(staged["gb10-b"].read_bytes()).hexdigest()
+    run = bastion.qualify(inventory, *bastion.short_scenario(), *SHORT_GATE, *given, "--run-id", "differs")
+    assert run.returncode != 0
+    assert (f"host gb10-b: build '0421': {staged['gb10-b']} has sha256 {other}, the arm's is {digest}"
+            in run.output), run.output[-4000:]
+    assert {name: sorted(p.name for p in path.parents[2].glob("*.log")) for name, path in staged.items()} == logs
+    bastion.check_nothing_left()
 
 
 def test_direct_http_behind_the_bastion_fails_preflight_once_per_host(bastion: BastionLab) -> None:

@@ -110,7 +110,7 @@ V4_FIGURES = ("run_id", "scenario", "assertion", "arm", "metric", "request", "ki
               "trials_candidate", "baseline_mean", "candidate_mean", "difference", "normal_difference",
               "null_boundary", "ci_low", "ci_high", "ci_level", "p_value", "p_adjusted", "noise_sd", "history_sd",
               "history_df", "history_runs", "history_used", "trials_needed", "reason")
-VERDICT_COLUMNS = {1: V3_FIGURES, 2: V3_FIGURES, 3: V3_FIGURES, 4: V4_FIGURES, 5: V4_FIGURES}
+VERDICT_COLUMNS = {1: V3_FIGURES, 2: V3_FIGURES, 3: V3_FIGURES, 4: V4_FIGURES, 5: V4_FIGURES, 6: V4_FIGURES}
 
 
 def test_the_verdict_columns_of_each_schema_version_are_pinned() -> None:
@@ -138,6 +138,9 @@ def _older_verdicts(conn: sa.Connection, version: int) -> None:
 def _as_version(conn: sa.Connection, version: int) -> None:
     """The database as an older suite left it at `version`: what the later versions added dropped, what
     they dropped back (a trial's startup time and KV pages as columns, the values a start measured)."""
+    if version < 6:
+        for column in ("source", "digest"):
+            conn.execute(sa.text(f"ALTER TABLE builds DROP COLUMN {column}"))
     if version < 5:
         conn.execute(sa.text("ALTER TABLE trials ADD COLUMN startup_s FLOAT"))
         conn.execute(sa.text("ALTER TABLE trials ADD COLUMN kv_pages INTEGER"))

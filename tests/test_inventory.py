@@ -134,7 +134,7 @@ MALFORMED: list[tuple[str, str, str, str, int | None]] = [
     ("flags-not-a-list", 'flags: [--x, "1"]', "flags: --x",
      r"builds\.set4\.flags: expected a list, found '--x'", 20),
     ("build-without-path", "two_choice: {path: /opt/b/tc/server, ref: abc123}", "two_choice: {ref: abc123}",
-     r"builds\.two_choice\.path: required field is missing", 21),
+     r"builds\.two_choice: expected exactly one source of `path`, `artifact` or `image`, found none", 21),
     ("unknown-metric-name", "builds:\n", "metrics: {hit: x}\nbuilds:\n",
      r"metrics\.hit: unknown key \(did you mean 'hits'\?\)", 19),
     ("bad-metric-name", "builds:\n", "metrics: {hits: 'row cache hits'}\nbuilds:\n",

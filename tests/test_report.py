@@ -347,7 +347,8 @@ def test_provenance_records_builds_hosts_and_hashes(failing_run: Run) -> None:
     digest = hashlib.sha256(failing_run.inventory.read_bytes()).hexdigest()
     assert prov["inventory"] == {"path": "hosts.yaml", "sha256": digest}
     assert prov["builds"][BASE] == {"role": "baseline", "path": "bin/server-a", "ref": "bbad44fe",
-                                    "flags": ["--sim-policy", "set4"], "description": "four-way sets"}
+                                    "flags": ["--sim-policy", "set4"], "description": "four-way sets",
+                                    "source": "path", "digest": None}
     assert prov["builds"][CAND]["ref"] == "0572fd12"
     assert prov["hosts"]["default"]["gb10-b"]["kernel"] == "6.8.0-1015-nvidia"
     assert prov["seed"] == 1234 and prov["command"][:2] == ["pytest", "qualify"]
@@ -392,7 +393,8 @@ def test_builds_are_the_plans_whatever_the_inventory_says_now(tmp_path: Path, mo
     run.inventory.unlink()
     prov = provenance(load_run(run.path))
     assert prov["builds"][BASE] == {"role": "baseline", "path": "bin/server-a", "ref": "bbad44fe",
-                                    "flags": ["--sim-policy", "set4"], "description": "four-way sets"}
+                                    "flags": ["--sim-policy", "set4"], "description": "four-way sets",
+                                    "source": "path", "digest": None}
     assert prov["inventory"]["sha256"] == load_run(run.path).plan.inventory_sha256
     plan = json.loads((run.path / "plan.json").read_text(encoding="utf-8"))
     del plan["builds"], plan["version"]  # as plan.json was written before runs recorded their builds

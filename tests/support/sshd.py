@@ -137,7 +137,9 @@ class SshdInstance:
             "PasswordAuthentication no", "KbdInteractiveAuthentication no",
             "PermitRootLogin prohibit-password", "StrictModes no", "UsePAM no",
             "AllowTcpForwarding yes", "UseDNS no", "PrintMotd no", "PrintLastLog no",
-            "MaxStartups 100", "MaxSessions 50", "LogLevel VERBOSE", *self._environment(), "",
+            "MaxStartups 100", "MaxSessions 50", "LogLevel VERBOSE",
+            # as a distribution's sshd_config has it: builds are staged over SFTP
+            "Subsystem sftp internal-sftp", *self._environment(), "",
         ]))
         return config
 

@@ -1,0 +1,203 @@
+"""`image` builds run by a real engine: podman (with runc) on two simulated hosts of this machine, images
+pushed by the tests to a real registry on loopback (Debian's docker-registry) and pulled by digest.
+
+One registry and one image (a busybox root filesystem serving /health) are shared by the module's tests;
+after each test the engine lists no container of the suite. Cost: about 30 s on two cores, and 55 s for the
+real llama-server's qualification (slow).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cache_qualify.config.inventory import Inventory, load_inventory
+from cache_qualify.errors import BuildError, CommandFailed, StaleServer
+from cache_qualify.lab.control import Lab
+from cache_qualify.lab.preflight import check_builds
+from cache_qualify.lab.transport import LocalTransport
+from cache_qualify.lab.server import ServerGroup
+from tests.support import containers
+from tests.support.examples import adapt_example, outcomes
+from tests.support.labfixtures import REPO, free_port, run_qualify, write_file
+from tests.support.llama_server import llama_server_binary
+from tests.support.tiny_model import make_tiny_model
+
+pytestmark = pytest.mark.containers
+
+BUSYBOX = Path("/bin/busybox")
+LLAMA_EXAMPLE, LLAMA_RESEND = REPO / "examples" / "llama-cpp.yaml", REPO / "examples" / "llama-cpp-resend.yaml"
+LLAMA_BINARY, LLAMA_MODEL = "/opt/llama.cpp/build/bin/llama-server", "/srv/models/model.gguf"
+# the rank prints a KV line (its rank as the page count) and serves the image's /www over HTTP
+INVENTORY = """\
+lab: containers
+hosts:
+  - {{name: a, address: 127.0.0.11, rank: 0, transport: local}}
+  - {{name: b, address: 127.0.0.12, rank: 1, transport: local}}
+server:
+  runtime: flare
+  command: >-
+    {{build_path}} sh -c 'echo KV cache: $0 pages; exec /bin/busybox httpd -f -p $1 -h /www'
+    {{rank}} {{address}}:{{port}}
+  http_port: {port}
+  run_dir: on-hosts
+  stop_grace_s: 2
+  readiness: {{path: /health, timeout_s: 60}}
+  container:
+    engine: podman
+    engine_options: [--runtime, runc]
+    run_options: [--ulimit, "nofile=1024:1024", --ulimit, "nproc=1024:1024"]
+    program: /bin/busybox
+builds:
+  served: {{image: "{image}"}}
+baseline: served
+candidate: served
+"""
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[containers.Registry]:
+    try:
+        yield from containers.start_registry(tmp_path_factory.mktemp("registry"))
+    except containers.ContainersUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def image(registry: containers.Registry) -> tuple[str, str]:
+    """(name:tag, digest) of a busybox image in the registry, not in the engine's store."""
+    return registry.push_rootfs("cq-busybox", "t1", {"/bin/busybox": BUSYBOX, "/bin/sh": BUSYBOX,
+                                                     "/www/health": b"ok\n"})
+
+
+@pytest.fixture(autouse=True)
+def no_container_left(tmp_path: Path) -> Iterator[None]:
+    yield
+    left = containers.remove_suite_containers(tmp_path)
+    assert left == [], f"the engine still lists the suite's containers {left} after the test"
+
+
+def inventory_of(tmp_path: Path, image: str) -> Inventory:
+    text = INVENTORY.format(port=free_port(("127.0.0.11", "127.0.0.12")), image=image)
+    return load_inventory(write_file(tmp_path, text, "hosts.yaml"))
+
+
+def test_an_image_build_is_pulled_by_digest_runs_as_containers_and_stops_through_the_engine(
+        tmp_path: Path, image: tuple[str, str]) -> None:
+    reference, digest = image
+    inventory = inventory_of(tmp_path, reference)
+    with Lab(inventory, inventory.groups_resolved()[0], run_id="img-run") as lab:   # pulls on every host
+        server = ServerGroup(lab, "served", inventory.build("served"), tag="t0")
+        with server:
+            server.start()
+            assert server.identity is not None and f"sha256:{server.identity.digest}" == digest
+            server.wait_ready()
+            assert server.number_from_log(r"KV cache: (\d+) pages") == {"a": 0, "b": 1}
+            listed = containers.podman("ps", "--filter", "label=cache-qualify.run=img-run", "--format",
+                                       "{{.Names}} {{.Image}} {{.Labels}}").stdout.splitlines()
+            assert len(listed) == 2 and all(f"@{digest}" in line or digest.removeprefix("sha256:")[:12] in line
+                                            for line in listed), listed
+            assert all("cache-qualify.build:served" in line for line in listed), listed
+        # stopped through the engine: nothing of the run is listed any more
+        assert containers.suite_containers(tmp_path) == []
+        logs = server.fetch_logs(tmp_path / "logs")
+        assert sorted(p.read_text(encoding="utf-8").splitlines()[0] for p in logs) == ["KV cache: 0 pages",
+                                                                                       "KV cache: 1 pages"]
+
+
+def test_the_lock_holder_stops_the_containers_of_a_runner_that_left_them(tmp_path: Path,
+                                                                           image: tuple[str, str]) -> None:
+    """A runner gone without stopping its ranks (its lab closed, as its lock holder sees a dead runner):
+    the release command stops the containers it recorded."""
+    inventory = inventory_of(tmp_path, image[0])
+    lab = Lab(inventory, inventory.groups_resolved()[0], run_id="left").open()
+    server = ServerGroup(lab, "served", inventory.build("served"), tag="t0")
+    server.start()
+    server.wait_ready()
+    assert len(containers.suite_containers(tmp_path)) == 2
+    lab.close()
+    assert containers.suite_containers(tmp_path) == []
+    server.close()
+
+
+def test_a_stale_container_is_named_and_kill_stale_removes_it(tmp_path: Path, image: tuple[str, str]) -> None:
+    inventory = inventory_of(tmp_path, image[0])
+    with Lab(inventory, inventory.groups_resolved()[0], run_id="next") as lab:
+        folder = lab.dir(inventory.hosts[1])
+        # what an earlier run left on host b: a container with its labels, its records gone with it
+        containers.podman("run", "-d", "--name", "cq-earlier-b", "--label", "cache-qualify.run=earlier",
+                          "--label", f"cache-qualify.dir={folder}", *containers.RUN_OPTIONS,
+                          f"{image[0].rsplit(':', 1)[0]}@{image[1]}", "/bin/busybox", "sleep", "600")
+        server = ServerGroup(lab, "served", inventory.build("served"))
+        with pytest.raises(StaleServer, match=r"^host b rank 1: containers from an earlier run are still there "
+                                              r"\(cq-earlier-b\); stop them or rerun with --kill-stale$"):
+            server.check_stale(kill=False)
+        server.check_stale(kill=True)
+        assert containers.suite_containers(tmp_path) == []
+        server.close()
+
+
+@pytest.mark.parametrize(("where", "match"), [
+    ("missing", r"^host a: build 'served': pulling 127\.0\.0\.1:\d+/cq-nothing:t1 failed \(status \d+\): .*manifest "
+                r"unknown"),
+    ("refused", r"^host a: build 'served': pulling 127\.0\.0\.1:\d+/cq-busybox:t1 failed \(status \d+\): .*"
+                r"connection refused"),
+])
+def test_an_image_that_cannot_be_pulled_fails_before_any_start_in_one_line(
+        tmp_path: Path, registry: containers.Registry, image: tuple[str, str], where: str, match: str) -> None:
+    reference = (image[0].replace("cq-busybox", "cq-nothing") if where == "missing"
+                 else image[0].replace(registry.address, f"127.0.0.1:{free_port(('127.0.0.1',))}"))
+    inventory = inventory_of(tmp_path, reference)
+    with pytest.raises(BuildError, match=match) as info:
+        Lab(inventory, inventory.groups_resolved()[0], run_id="nope").open()
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("llama-qualify")   # one real-server qualification at a time on two cores
+def test_the_real_llama_server_in_an_image_pulled_by_digest_qualifies_its_host_memory_cache(
+        tmp_path: Path, registry: containers.Registry) -> None:
+    """examples/llama-cpp.yaml with its builds the llama-server image (the binary the tests build and the
+    libraries it links, in a root filesystem) in the loopback registry: the baseline pinned by digest, the
+    candidate given on the command line by its tag; --cache-ram 8192 against --cache-ram 0 on exact re-sends,
+    decided; the model mounted read-only, the page-cache drop on the host. Cost: about 55 s."""
+    (tmp_path / "model").mkdir()
+    binary, model = llama_server_binary(), make_tiny_model(tmp_path / "model")
+    tagged, digest = registry.push_rootfs("cq-llama", "t1", containers.program_files(binary, "/llama-server"))
+    pinned = f"{registry.address}/cq-llama@{digest}"
+    path = adapt_example(LLAMA_EXAMPLE, tmp_path, program=(LLAMA_BINARY, binary), model=(LLAMA_MODEL, model.path),
+                         command_suffix=" -t 1")
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data["server"]["container"] = {"engine": "podman", "engine_options": list(containers.ENGINE_OPTIONS),
+                                   "run_options": [*containers.RUN_OPTIONS, "-v", f"{model.path}:{model.path}:ro"],
+                                   "program": "/llama-server"}
+    for build in data["builds"].values():
+        del build["path"]
+        build["image"] = pinned
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    # the candidate given whole on the command line, by its tag: resolved to the digest once, then pinned
+    run = run_qualify(path, tmp_path / "reports", "--scenario", str(LLAMA_RESEND), "--max-trials", "16",
+                      "--candidate", f"cache-8g=ram-cache@image:{tagged}", timeout_s=600)
+    assert run.returncode == 0, run.output[-6000:]
+    seen = outcomes(run)
+    assert seen["test_prompt_cache[hit_rate-gain[A-again]]"] == "passed", run.output[-4000:]
+    provenance = json.loads((run.run_dir() / "provenance.json").read_text(encoding="utf-8"))
+    assert {name: (b["source"], b["digest"], b["path"]) for name, b in provenance["builds"].items()} == {
+        "no-ram-cache": ("image", digest.removeprefix("sha256:"), pinned),
+        "cache-8g": ("image", digest.removeprefix("sha256:"), tagged)}
+
+
+def test_the_preflight_names_a_host_whose_engine_does_not_answer(tmp_path: Path, image: tuple[str, str]) -> None:
+    inventory = inventory_of(tmp_path, image[0])
+    host = inventory.hosts[0]
+    check_builds(inventory, host, LocalTransport(host.name))   # podman answers
+    absent = inventory.model_copy(update={"server": inventory.server.model_copy(update={
+        "container": inventory.server.container.model_copy(update={"engine": "docker", "engine_options": ()})})})
+    # no docker here: its client missing (status 127) or without a daemon (Cannot connect ...)
+    with pytest.raises(CommandFailed, match=r"^host a: the container engine `docker` \(server\.container\) does not "
+                                            r"answer there: (.*not found \(status 127\)|Cannot connect.*\(status 1\))$"):
+        check_builds(absent, host, LocalTransport(host.name))
