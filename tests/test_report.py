@@ -326,7 +326,7 @@ def test_verdicts_table_and_reasons(failing_run: Run, summary: str) -> None:
 
 
 def test_plots_are_png_files_linked_from_the_summary(failing_run: Run, summary: str) -> None:
-    for name in (f"{SCENARIO}-requests.png", f"{SCENARIO}-kv-pages.png", f"{SCENARIO}-startup-s.png"):
+    for name in (f"{SCENARIO}-requests.png", f"{SCENARIO}-start-kv-pages.png", f"{SCENARIO}-start-startup-s.png"):
         data = (failing_run.path / "plots" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
         width, height = struct.unpack(">II", data[16:24])
