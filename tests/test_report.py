@@ -260,7 +260,8 @@ def test_summary_leads_with_run_lab_builds_and_overall_verdict(summary: str) -> 
     head = summary.splitlines()[:5]
     assert head[0] == "# cache-qualify run `r1`: FAIL"
     # the reviewer's answer first: a trial failed, so the run is undecided and says how to go on
-    assert head[2] == "**Undecided**: reread-1g: build two_choice trial 5: start_failed; once that is mended, " \
+    assert head[2] == "**Undecided**: reread-1g: build two_choice trial 5: start_failed: host gb10-b rank 1: rank " \
+        "exited during startup (exit status 3); once that is mended, " \
         "rerun with `pytest qualify --hosts hosts.yaml`.", head[2]
     assert "Lab `report-lab`: baseline `set4` vs candidate `two_choice`. **Overall: FAIL.**" in head[4]
 
