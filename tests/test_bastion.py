@@ -11,6 +11,7 @@ Run as root with iproute2 and openssh-server; without them these tests fail, nev
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -229,7 +230,9 @@ def test_an_artifact_candidate_is_staged_through_the_jump_host_checked_and_quali
 def test_direct_http_behind_the_bastion_fails_preflight_once_per_host(bastion: BastionLab) -> None:
     inventory = bastion.inventory("direct.yaml", http_route="direct")
     started = time.monotonic()
-    run = bastion.qualify(inventory, "--preflight-only", timeout_s=120)
+    junit = bastion.tmp_path / "preflight.xml"   # a check of the lab alone keeps no run folder
+    run = bastion.qualify(inventory, "--preflight-only", "--junitxml", str(junit), timeout_s=120)
+    run = dataclasses.replace(run, junit_file=junit)
     took = time.monotonic() - started
     assert run.returncode == 1, run.output[-4000:]
     failed = [line for line in run.output.splitlines() if line.startswith("FAILED ")]

@@ -61,8 +61,11 @@ def test_two_checkouts_of_the_simulated_lab_never_share_its_state_or_its_port(tm
 def test_a_relative_run_dir_or_a_picked_port_is_refused_for_a_host_over_ssh(tmp_path: Path) -> None:
     text = (REPO / "hosts.yaml").read_text(encoding="utf-8")
     ssh_host = text.replace("transport: local}", "transport: ssh}", 1)
+    # both fields in one message, with what the preflight checks next: no round trip per field
     with pytest.raises(InventoryError, match=r"server\.run_dir: expected an absolute path: host 'gb10-a' is "
-                                             r"reached over SSH"):
+                                             r"reached over SSH, .*; also server\.http_port: expected a port "
+                                             r"number: 0 \(picked here\) .*; then the preflight's test_reachable "
+                                             r"checks the SSH login \(`ssh:` user, identity_file, known_hosts\)$"):
         load_inventory(write_file(tmp_path, ssh_host, "hosts.yaml"))
     absolute = ssh_host.replace("run_dir: .sim-lab", f"run_dir: {tmp_path}")
     with pytest.raises(InventoryError, match=r"server\.http_port: expected a port number: 0 \(picked here\) is for "

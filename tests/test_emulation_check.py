@@ -110,4 +110,4 @@ def test_a_smaller_cache_is_named_and_a_scenario_can_make_it_a_warning() -> None
     # with concurrency the replay is a band's centre: within the profile's band passes
     banded = check(cache, prediction, whole, on="the trace", measured_hits=500, measured_prompt_tokens=1200,
                    concurrency=4, band=vllm_spec().band)
-    assert banded.within and not banded.exact and banded.line().endswith("± 2.0 %")
+    assert banded.within and not banded.exact and banded.line().endswith("± 2.0 pp")

@@ -134,7 +134,7 @@ def test_each_policy_is_within_one_and_a_half_points_of_what_the_lab_measured(tm
         assert abs(float(c["measured"]) - float(c["predicted"])) <= BAND, c   # type: ignore[arg-type]
         assert c["outcome"] == "passed" and c["starts_within"] == c["starts"] == 2, c
     summary = (run.run_dir() / "summary.md").read_text()
-    assert "| `lru4` | A-third-read |" in summary and "within (± 1.50 %)" in summary
+    assert "| `lru4` | A-third-read |" in summary and "within (± 1.50 pp)" in summary
 
 
 @pytest.mark.slow

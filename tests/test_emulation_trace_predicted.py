@@ -67,10 +67,10 @@ def test_the_run_shows_each_builds_predicted_beside_measured_warm_half(trace_run
         assert check["measured"] == max(measured[build], key=lambda m: abs(m - check["predicted"])), check
         assert (check["outcome"], check["starts"], check["starts_within"]) == ("passed", 3, 3), check
     summary = (trace_run / "summary.md").read_text(encoding="utf-8")
-    assert "| `prefix-caching` | replay | 9.72 % |" in summary and "| 3 of 3 | within (± 2.00 %) |" in summary
+    assert "| `prefix-caching` | replay | 9.72 % |" in summary and "| 3 of 3 | within (± 2.00 pp) |" in summary
     assert "Outside:" not in summary
     page = (trace_run / "summary.html").read_text(encoding="utf-8")   # the same renderer
-    assert "<h3>Predicted beside measured</h3>" in page and ">within (± 2.00 %)</td>" in page
+    assert "<h3>Predicted beside measured</h3>" in page and ">within (± 2.00 pp)</td>" in page
 
 
 def test_a_start_serving_far_less_than_predicted_fails_its_check_naming_the_build(tmp_path: Path) -> None:

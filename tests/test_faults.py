@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 
 from tests.support.labfaults import (STARTUP, SimRun, check_aftermath, check_samples, check_stopped_by_preflight,
                                      failed, failures, last_failed, requests_on_disk, rows, scenario_file, skipped)
@@ -55,13 +56,16 @@ def local_lab(tmp_path: Path, *, timeout_s: float = 30.0, **inventory: Any) -> S
                   reports=tmp_path / "reports", on_hosts=tmp_path / "on-hosts")
 
 
-def check_no_verdict(run: QualifyRun, *names: str) -> None:
-    """Every verdict test failed saying the run stopped early, and why (the cause's `names`)."""
+def check_no_verdict(run: QualifyRun, said_by: str) -> None:
+    """The cause is said once, by the trial check `said_by` (a test name): every verdict test is skipped
+    saying the run stopped early and pointing to it, and no other test failed."""
+    blocked = skipped(run)
     for test in VERDICT_TESTS:
-        message = failed(run, test)
-        assert "no verdict" in message and "stopped early" in message, message
-        for name in names:
-            assert name in message, f"{name!r} not in {message}"
+        reasons = [why for name, why in blocked.items() if name.startswith(test)]
+        assert reasons, f"{test} was not skipped:\n{run.output[-4000:]}"
+        for why in reasons:
+            assert "no verdict" in why and "stopped early" in why and f"{said_by}[" in why, why
+    assert [name for name in failures(run) if not name.startswith(said_by)] == [], run.output[-4000:]
 
 
 # --- faults of a build (local transport) --------------------------------------------------------
@@ -108,10 +112,29 @@ def test_build_fault(tmp_path: Path, fault: BuildFault) -> None:
     message = failed(run, fault.failing)
     for name in fault.names:
         assert name in message, f"{name!r} not in {message}"
-    check_no_verdict(run, *fault.names[:1])
+    check_no_verdict(run, fault.failing)
     trials = rows(run.run_dir() / "trials.csv")
     assert [t["outcome"] for t in trials] == (["ok"] if fault.seed == 1 else []) + [fault.outcome], trials
     check_samples(run.run_dir(), lab.hosts, faulty_done=fault.done)
+    check_aftermath(lab)
+
+
+def test_a_misspelt_metric_is_said_once_with_the_name_the_server_exports(tmp_path: Path) -> None:
+    """A profile entry that names a counter no rank exports (`_hitz_total`): one failed test, the trial
+    check, saying the cause in full with the name the rank does export; every test it blocks skipped
+    pointing to it; summary.md's first line the same cause, whole."""
+    lab = local_lab(tmp_path)
+    data = yaml.safe_load(lab.inventory.read_text(encoding="utf-8"))
+    data["measurements"] = {"hits": {"counter": "flare_engram_row_cache_hitz_total"}}
+    lab.inventory.write_text(yaml.safe_dump(data), encoding="utf-8")
+    run = lab.qualify("--seed", "3")
+    assert run.returncode == 1, run.output
+    cause = ("host gb10-a rank 0: required metric 'flare_engram_row_cache_hitz_total' is missing from /metrics "
+             "(did you mean 'flare_engram_row_cache_hits_total', which it exports?)")
+    assert cause in failed(run, "test_trials_completed")
+    check_no_verdict(run, "test_trials_completed")
+    first = (run.run_dir() / "summary.md").read_text(encoding="utf-8").splitlines()[2]
+    assert first.startswith("**Undecided**: test_trials_completed[") and cause in first, first
     check_aftermath(lab)
 
 
@@ -278,7 +301,7 @@ def test_ssh_connection_of_a_host_drops_mid_trial(tmp_path: Path, sshd_lab: Sshd
     message = failed(run, "test_trials_completed")
     assert "host gb10-b rank 1" in message and "connection to the host dropped" in message, message
     assert "--resume fault" in message
-    check_no_verdict(run, "host gb10-b rank 1")
+    check_no_verdict(run, "test_trials_completed")
     assert [t["outcome"] for t in rows(run_dir / "trials.csv")] == ["failed"]
     check_samples(run_dir, lab.hosts, faulty_done=None, repeat_c=repeats)
     assert "A" in requests_on_disk(run_dir)[rows(run_dir / "trials.csv")[0]["attempt"]]
@@ -342,8 +365,8 @@ def test_a_port_that_is_not_ssh_is_one_line(tmp_path: Path, sshd_lab: SshdLab, s
 def test_run_id_of_an_earlier_run_is_refused(tmp_path: Path) -> None:
     """Reusing a run folder without --resume would count the earlier run's trials as this one's."""
     lab = local_lab(tmp_path)
-    first = lab.qualify("--preflight-only")
-    assert first.returncode == 0, first.output
+    first = lab.qualify("-k", "test_all_ranks_started")   # one look: a run folder (a preflight alone keeps none)
+    assert first.returncode == 1 and first.run_folders(), first.output   # undecided: no verdict test selected
     again = lab.qualify("--seed", "3")
     assert again.returncode == 4, again.output
     assert f"the run folder {lab.reports / 'fault'} already holds a run; continue it with --resume fault" in again.output

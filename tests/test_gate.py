@@ -128,7 +128,7 @@ def test_a_run_without_plots_says_how_to_draw_them_and_the_report_command_does(
     done = run_cli("report", str(copy), timeout_s=120)
     assert done.returncode == 0, done.stderr
     drawn = sorted(p.name for p in (copy / "plots").glob("*.png"))
-    assert drawn == ["reread-1g-kv-pages.png", "reread-1g-requests.png", "reread-1g-startup-s.png"]
+    assert drawn == ["reread-1g-requests.png", "reread-1g-start-kv-pages.png", "reread-1g-start-startup-s.png"]
     summary = (copy / "summary.md").read_text(encoding="utf-8")
     assert all(f"(plots/{name})" in summary for name in drawn) and "Not drawn" not in summary
 

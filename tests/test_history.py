@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -111,6 +112,22 @@ V4_FIGURES = ("run_id", "scenario", "assertion", "arm", "metric", "request", "ki
               "null_boundary", "ci_low", "ci_high", "ci_level", "p_value", "p_adjusted", "noise_sd", "history_sd",
               "history_df", "history_runs", "history_used", "trials_needed", "reason")
 VERDICT_COLUMNS = {1: V3_FIGURES, 2: V3_FIGURES, 3: V3_FIGURES, 4: V4_FIGURES, 5: V4_FIGURES, 6: V4_FIGURES}
+
+
+def test_import_goes_past_a_folder_it_cannot_read_and_names_it(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """`history import reports/*` with a folder of a plan and no trials (a check of the lab left one in
+    earlier versions) between two runs: both runs go in, and the folder is named in one line."""
+    rng = np.random.default_rng(3)
+    reports = tmp_path / "reports"
+    first, last = history_sim.write_series(reports, history_sim.quiet_series(rng, 2))
+    plan_only = reports / "run000a"
+    plan_only.mkdir()
+    shutil.copy(first / "plan.json", plan_only / "plan.json")
+    out = cli(capsys, "history", "import", "--reports-dir", str(reports), *map(str, (first, plan_only, last)))
+    assert "run000: 4 new trial(s)" in out and "run001: 4 new trial(s)" in out, out
+    skipped = [line for line in out.splitlines() if "skipped" in line]
+    assert len(skipped) == 1 and skipped[0].startswith(f"{plan_only}: skipped, ") and "trials.csv" in skipped[0], out
 
 
 def test_the_verdict_columns_of_each_schema_version_are_pinned() -> None:

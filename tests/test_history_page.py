@@ -117,13 +117,15 @@ def test_waits_in_seconds_refs_on_the_axis_and_links_to_summaries(page: Any, rep
     run_ids = [f"lab{i:03d}" for i in range(RUNS)]
     assert [label for label, *_ in wait["xticks"]] == [f"03-{2 + i:02d} {9 + i % 3:02d}:30" for i in range(RUNS)]
     assert "run started (UTC, 2026)" in wait["texts"]
-    for build, expected in (("set4", [history_sim.SET4_REFS[i >= history_sim.LAB_STEP_RUN] for i in range(RUNS)]),
-                            ("two_choice", [f"{(i * 2654435761) % 16**8:08x}" for i in range(RUNS)])):
+    # a ref where it changed, not again at every run of it: set4's at its first run and at its step
+    step = history_sim.LAB_STEP_RUN
+    for build, expected in (("set4", {0: history_sim.SET4_REFS[0], step: history_sim.SET4_REFS[1]}),
+                            ("two_choice", {i: f"{(i * 2654435761) % 16**8:08x}" for i in range(RUNS)})):
         refs = wait["builds"][build]["refs"]
-        assert [ref for ref, _, _ in refs] == expected, build
+        assert [ref for ref, _, _ in refs] == list(expected.values()), build
         # each ref under its run's tick, and a link to that run's summary, as the tick's date is
-        assert all(abs(at - tick[2]) < 3 for (_, at, _), tick in zip(refs, wait["xticks"])), (refs, wait["xticks"])
-        assert [url for _, _, url in refs] == [summary_uri(reports, r) for r in run_ids]
+        assert all(abs(at - wait["xticks"][i][2]) < 3 for (_, at, _), i in zip(refs, expected)), (refs, wait["xticks"])
+        assert [url for _, _, url in refs] == [summary_uri(reports, run_ids[i]) for i in expected]
     assert [tick[3] for tick in wait["xticks"]] == [summary_uri(reports, r) for r in run_ids]
     assert "set4 ref" in wait["texts"] and "two_choice ref" in wait["texts"]
 
@@ -286,3 +288,27 @@ def test_the_first_screen_of_a_laptop_shows_the_newest_runs_outcome_and_verdicts
         assert (f"{assertion} {outcome}" in first["verdicts"]) == (outcome != "pass"), (assertion, first)
     assert 0 < first["bottom"] <= min(first["height"], 900), first
     assert first["trends"] > first["bottom"], first
+
+
+def test_the_whole_page_with_its_trends_fits_a_laptop(browser: Any, reports: Path) -> None:
+    """At 1400x900 the trends sit two a row, a ref only where it changed, the dates along the axis: the
+    page stays under 2,500 px tall with an eighth trend (this history has seven: one more row of trends,
+    at worst, is added to its height; a band of rotated refs under each made eight 5,000 px); a y axis spans
+    at least 2 % of its values (hit rates 0.004 points apart do not fill it as if they were far apart)."""
+    browser.set_window_size(1400, 900)
+    try:
+        browser.get((reports / "history" / "index.html").as_uri() + "#")
+        browser.refresh()
+        height, trends, tallest = browser.execute_script(
+            "const f = [...document.querySelectorAll('figure.trend')];"
+            "return [document.documentElement.scrollHeight, f.length,"
+            " Math.max(...f.map(e => e.getBoundingClientRect().height))]")
+        spans = browser.execute_script(
+            "return [...document.querySelectorAll('figure.trend')].map(f => [f.dataset.metric, "
+            "[...f.querySelectorAll('g[id*=\"-ytick_\"] text')].map(t => +t.textContent.replace('\u2212', '-'))])")
+    finally:
+        browser.set_window_size(1300, 1000)
+    assert trends == 7 and height + tallest < 2500, (trends, height, tallest)
+    for metric, ticks in spans:   # the axis reaches at most a tick's step past its outer ticks
+        low, high, step = min(ticks), max(ticks), ticks[1] - ticks[0]
+        assert high - low + step >= 0.019 * abs(low + high) / 2, (metric, ticks)

@@ -458,6 +458,13 @@ def test_schema_command_names_a_file_it_cannot_write(tmp_path: Path, capsys: pyt
     assert main(["schema", "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"cache-qualify: error: --output {out}: cannot write it: ") and len(err.splitlines()) == 1
+    # a folder that does not exist is said, not made (a misspelt path would leave folders about)
+    elsewhere = tmp_path / "no" / "such" / "s.json"
+    assert main(["schema", "-o", str(elsewhere)]) == 2
+    assert capsys.readouterr().err.strip() == (f"cache-qualify: error: --output {elsewhere}: cannot write it: the "
+                                               f"folder {elsewhere.parent} does not exist (make it first, or name "
+                                               f"a file in a folder that does)")
+    assert not (tmp_path / "no").exists()
 
 
 def test_schema_accepts_committed_and_rejects_unknown_keys() -> None:

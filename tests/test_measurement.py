@@ -227,6 +227,14 @@ def test_an_inventory_may_name_a_profile_file_of_its_own_beside_it(tmp_path: Pat
                                        r"equal to 20, found 50$"),
     ("runtime: myruntime\ndescription: d\nquantities:\n  hits: {counter: h, unit: rowz}\n", "./myruntime.yaml",
      ProfileError, r"myruntime\.yaml:4: quantities\.hits\.unit: unknown unit 'rowz'"),
+    # a fraction's misspelt input: its own field, whether or not a column shows the fraction (without the
+    # column the fraction was dropped silently, and a scenario asserting on it was blamed)
+    *((f"runtime: myruntime\ndescription: d\n{columns}quantities:\n  hits: {{counter: h, unit: rows}}\n"
+       "  misses: {counter: m, unit: rows}\n  hit_rate:\n    fraction: {part: hits, whole: [hits, missess]}\n",
+       "./myruntime.yaml", ProfileError,
+       rf"myruntime\.yaml:{line}: quantities\.hit_rate\.fraction\.whole\[1\]: not a quantity of the profile: "
+       r"'missess' \(did you mean 'misses'\?\)")
+      for columns, line in (("columns: [hit_rate]\n", 8), ("", 7))),
 ])
 def test_a_profile_file_that_is_wrong_names_its_file_line_and_field(
         tmp_path: Path, profile: str | None, runtime: str, error: type[Exception], message: str) -> None:

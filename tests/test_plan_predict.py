@@ -48,8 +48,8 @@ def test_plan_sizes_the_vllm_example_from_its_prediction_with_no_pilot_history_o
     out = capsys.readouterr().out
     assert ("| prefix-caching-32 | candidate | prefix_caching=True (--enable-prefix-caching); block_size=32 "
             "(--block-size 32); num_gpu_blocks=256 (not known before a start: the least at which the workload "
-            "evicts nothing, so the prediction holds for a pool of at least 256 blocks) | A 0/4,090, B 0/4,090, "
-            "A-again 4,064/4,090, B-again 4,064/4,090 |") in out
+            "evicts nothing, so the prediction holds for a pool of at least 256 blocks) | A 0.00 %, B 0.00 %, "
+            "A-again 99.36 %, B-again 99.36 % |") in out   # rates, as the verdicts show them
     assert "| no-prefix-caching | baseline | prefix_caching=False (--no-enable-prefix-caching); block_size: not " \
            "needed (prefix_caching off, from --no-enable-prefix-caching)" in out
     assert ("| hit_rate | A-again | gain | 0 % | 99.36 % | +99.36 pp | +50 pp | 0 pp (0.02445 pp) | 3 | "
@@ -175,8 +175,10 @@ def test_concurrent_copies_are_not_sized_without_a_given_sd(tmp_path: Path,
     scenario.write_text((REPO / "examples" / "vllm-resend.yaml").read_text() + "concurrency: 2\n")
     args = ["plan", "--hosts", HOSTS, "--scenario", str(scenario), "--predict", "--candidate", "prefix-caching-32",
             "--json"]
-    assert main(args) == 0
-    rows = {(s["metric"], s["request"]): s for s in json.loads(capsys.readouterr().out)["sizings"]["prefix-caching-32"]}
+    assert main(args) == 2   # nothing sized: one line says what sizes it
+    said = capsys.readouterr()
+    assert said.err.startswith("cache-qualify: error: nothing sized: ") and "--samples" in said.err, said.err
+    rows = {(s["metric"], s["request"]): s for s in json.loads(said.out)["sizings"]["prefix-caching-32"]}
     assert rows["hit_rate", "A-again"]["trials_per_build"] is None
     assert rows["hit_rate", "A-again"]["note"].startswith("not predicted: concurrent copies make the prediction")
     assert main([*args, "--sd", "0.2"]) == 0
@@ -188,8 +190,12 @@ def test_the_simulated_lab_is_predicted_on_its_groups_ranks_and_its_band_is_not_
         capsys: pytest.CaptureFixture[str]) -> None:
     """The flare command's `--tensor-parallel-size {world_size}` is the group's size, as a start fills it (it
     read as the default 1 and refused --cache-param ranks=3), and the row cache's band is no exact value."""
-    assert main(["plan", "--hosts", str(REPO / "hosts.yaml"), "--scenario", "reread-1g", "--predict", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    assert main(["plan", "--hosts", str(REPO / "hosts.yaml"), "--scenario", "reread-1g", "--predict", "--json"]) == 2
+    said = capsys.readouterr()
+    # nothing sized, and the one line names the command that sizes it (as the run's own policies and cache)
+    assert said.err.strip().endswith("`cache-qualify plan --emulate --baseline set4 --candidate two_choice "
+                                     "--cache-size 1G --scenario reread-1g` sizes it from emulated starts"), said.err
+    out = json.loads(said.out)
     [built] = [b for b in out["builds"] if b["build"] == "set4"]
     assert built["params"]["ranks"] == 3 and built["origins"]["ranks"] == "--tensor-parallel-size 3", built
     rows = {(s["metric"], s["request"]): s for s in out["sizings"]["two_choice"]}

@@ -34,6 +34,9 @@ def test_hosts_option_works_with_and_without_testinfra(tmp_path: Path, testinfra
     run = run_qualify(inventory, tmp_path / "reports", "--preflight-only", *extra)
     assert run.returncode == 0, run.output
     assert "17 passed" in run.output
+    # a check of the lab is no run: no folder kept, nothing to continue
+    assert run.run_folders() == [] and "--resume" not in run.output, run.output
+    assert run.tail() == ["preflight only: every check passed; no run folder kept"], run.output
     if testinfra == "blocked":
         assert "--ssh-identity-file" not in pytest_cli("--help", *extra).stdout
 

@@ -58,7 +58,7 @@ def test_what_the_runtime_does_not_declare_appears_in_no_file_and_no_history_row
     written = [p for p in folder.rglob("*") if p.is_file() and LOGS_DIR not in p.relative_to(folder).parts]
     names = {p.relative_to(folder).as_posix() for p in written}
     assert {"samples.csv", "trials.csv", "junit.xml", "summary.md", "summary.html", "verdicts.json",
-            "plots/hit-rate-only-startup-s.png"} <= names, names
+            "plots/hit-rate-only-start-startup-s.png"} <= names, names
     found = [f"{p.relative_to(folder)}: {m.group(0)!r} at {m.start()}" for p in written
              if p.suffix != ".png" for m in [DROPPED.search(p.read_text(encoding="utf-8", errors="replace"))] if m]
     assert found == [] and not any(DROPPED.search(n) for n in names), found

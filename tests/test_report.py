@@ -260,7 +260,8 @@ def test_summary_leads_with_run_lab_builds_and_overall_verdict(summary: str) -> 
     head = summary.splitlines()[:5]
     assert head[0] == "# cache-qualify run `r1`: FAIL"
     # the reviewer's answer first: a trial failed, so the run is undecided and says how to go on
-    assert head[2] == "**Undecided**: reread-1g: build two_choice trial 5: start_failed; once that is mended, " \
+    assert head[2] == "**Undecided**: reread-1g: build two_choice trial 5: start_failed: host gb10-b rank 1: rank " \
+        "exited during startup (exit status 3); once that is mended, " \
         "rerun with `pytest qualify --hosts hosts.yaml`.", head[2]
     assert "Lab `report-lab`: baseline `set4` vs candidate `two_choice`. **Overall: FAIL.**" in head[4]
 
@@ -326,7 +327,7 @@ def test_verdicts_table_and_reasons(failing_run: Run, summary: str) -> None:
 
 
 def test_plots_are_png_files_linked_from_the_summary(failing_run: Run, summary: str) -> None:
-    for name in (f"{SCENARIO}-requests.png", f"{SCENARIO}-kv-pages.png", f"{SCENARIO}-startup-s.png"):
+    for name in (f"{SCENARIO}-requests.png", f"{SCENARIO}-start-kv-pages.png", f"{SCENARIO}-start-startup-s.png"):
         data = (failing_run.path / "plots" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
         width, height = struct.unpack(">II", data[16:24])

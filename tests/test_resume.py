@@ -152,9 +152,10 @@ def test_sigkill_of_pytest_mid_trial_keeps_samples_and_resume_completes(tmp_path
 
 
 def test_resume_refuses_options_that_change_what_the_run_measures(tmp_path: Path) -> None:
-    inventory = write_inventory(tmp_path)
+    inventory = write_inventory(tmp_path, noise="quiet")
     reports = tmp_path / "reports"
-    first = run_qualify(inventory, reports, "--run-id", RUN_ID, "--preflight-only", *OPTIONS)
+    # a short run (a check of the lab alone keeps no folder to continue)
+    first = run_qualify(inventory, reports, "--run-id", RUN_ID, *small_scenario_option(tmp_path, SCENARIO), *OPTIONS)
     assert first.returncode == 0, first.output
     # plan.json records the options by the names a user types
     path = reports / RUN_ID / "plan.json"
@@ -184,7 +185,7 @@ def test_resume_continues_a_run_folder_written_before_plans_recorded_their_build
     inventory = write_inventory(tmp_path, noise="quiet")
     reports = tmp_path / "reports"
     scenario = small_scenario_option(tmp_path, SCENARIO)
-    first = run_qualify(inventory, reports, "--run-id", RUN_ID, "--preflight-only", *scenario, *OPTIONS)
+    first = run_qualify(inventory, reports, "--run-id", RUN_ID, *scenario, *OPTIONS)
     assert first.returncode == 0, first.output
     path = reports / RUN_ID / "plan.json"
     plan = json.loads(path.read_text(encoding="utf-8"))

@@ -8,11 +8,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from cache_qualify.cli import main
 from cache_qualify.config.measurement import REPLAY, REPLAY_AGGREGATES, Measurement
 from cache_qualify.config.profiles import resolve
 from cache_qualify.config.scenario import Scenario, check_against, find_scenario, load_scenario, scenario_model
@@ -162,3 +164,16 @@ def test_the_shipped_trace_scenario_decides_two_choice_against_set4(tmp_path: Pa
     for v in (hit, ttft):
         assert math.isfinite(v["baseline_mean"]) and math.isfinite(v["candidate_mean"]) and v["trials_baseline"] >= 4
     assert run.returncode == 1, run.output
+    assert ttft["id"] == "ttft_p50-no_regression[replay]", ttft["id"]   # the replay's figure, read once per start
+    summary = (run.run_dir() / "summary.md").read_text(encoding="utf-8")
+    # every per-start figure in its unit (a time in s, a share in %), as the verdicts show them
+    assert re.search(r"\| TTFT p50 \(s\) \| set4 \| \d+ \| 0\.\d{3} ± 0\.\d{3} \|", summary), summary
+    assert re.search(r"\| Error rate \| set4 \| \d+ \| 0\.00 % ", summary), summary
+    assert "within (± 1.50 pp)" in summary and "± 1.50 %" not in summary
+    # one file per plot: the per-request figure and the per-start requests each its own, each linked once
+    assert main(["report", str(run.run_dir())]) == 0   # the run drew none (qualify_command's --no-plots)
+    summary = (run.run_dir() / "summary.md").read_text(encoding="utf-8")
+    plots = sorted(p.name for p in (run.run_dir() / "plots").glob("*.png"))
+    assert {"trace-replay-requests.png", "trace-replay-start-requests.png"} <= set(plots), plots
+    links = re.findall(r"\(plots/([^)]+\.png)\)", summary)
+    assert sorted(links) == plots, links

@@ -1,0 +1,127 @@
+"""The README a newcomer follows: its table of contents lists its sections in order, and every command it
+shows (in a code block, or inline as `pytest qualify ...` or `cache-qualify ...`) is one the suite takes as
+typed: a `cache-qualify` command parses with the command's own parser, a `pytest qualify` command names
+only options pytest and the plugin define and files the checkout holds, a `python -m` module exists.
+CONTRIBUTING.md's test command is the one .ci/run reads and runs, word for word.
+
+What each command then does is the business of the tests of that command (the quick start's run, for one,
+is run by every whole-qualification test); this one keeps the README from naming what is not there."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cache_qualify.cli import build_parser
+from tests.support.labfixtures import REPO
+
+README = (REPO / "README.md").read_text(encoding="utf-8")
+# a program the README shows that belongs to the system, not to the suite
+SYSTEM = {"python3", ".", "pip", "apt-get", "cp", "sed", "git", "cd", "export"}
+OWN_FILES = ("hosts.yaml", "examples/")   # paths in the checkout; lab.yaml and reports/ are the reader's
+
+
+def headings(text: str) -> list[str]:
+    return re.findall(r"(?m)^## (.+)$", text)
+
+
+def anchor(title: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+
+
+def commands(text: str) -> list[str]:
+    """Every command line the text shows: the lines of its indented and shell-fenced code blocks (a line
+    ending in a backslash joined to the next, a trailing comment dropped), then its inline commands."""
+    found: list[str] = []
+    lines, fence, pending = text.splitlines(), None, ""
+    for i, line in enumerate(lines):
+        if line.startswith("```"):
+            fence = None if fence is not None else line[3:].strip()
+            continue
+        if fence is not None and fence not in ("", "sh", "bash", "shell"):
+            continue
+        indented = re.match(r"^ {4,}\S", line) and (not lines[i - 1].strip() or re.match(r"^ {4,}\S", lines[i - 1]))
+        if fence is None and not indented:
+            continue
+        code = pending + " " + line.strip() if pending else line.strip()
+        if code.endswith("\\"):
+            pending = code[:-1].strip()
+            continue
+        pending = ""
+        code = re.sub(r"\s+#.*$", "", code).strip()
+        if code:
+            found.append(code)
+    found += re.findall(r"`((?:pytest qualify|cache-qualify) [^`]+)`", text)
+    return found
+
+
+def test_the_contents_list_every_section_in_order() -> None:
+    listed = re.findall(r"(?m)^\s*- \[(.+?)\]\(#(.+?)\)$", README.split("## Contents", 1)[1].split("\n## ", 1)[0])
+    sections = [h for h in headings(README) if h != "Contents"]
+    assert [title for title, _ in listed] == sections
+    assert all(link == anchor(title) for title, link in listed), listed
+    # a newcomer's path first: running it, what runs, what it says, a real lab, CI; the rest after
+    first = ["Quick start", "What the simulated lab is", "Reading the results", "Pointing the suite at a real lab",
+             "Wiring the gate into CI"]
+    assert sections[:len(first)] == first and sections.index("Advanced") > len(first), sections
+
+
+def test_ci_runs_the_contributing_guide_s_test_command_word_for_word() -> None:
+    guide = (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    section = guide.split("## Run the suite's own tests", 1)[1]
+    command = next(line.strip() for line in section.splitlines() if line.startswith("    apt-get "))
+    # .ci/run reads the command from the guide and runs its parts timed: its reading gives this line whole
+    reading = next(line for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+                   if line.startswith("command=$("))
+    read = subprocess.run(["bash", "-c", f'set -euo pipefail; {reading}; printf %s "$command"'], cwd=REPO,
+                          capture_output=True, text=True, check=True)
+    assert read.stdout == command
+    assert "pytest tests -n 2 --durations=10" in command   # .ci/run's last lines name the slowest ten tests
+    assert "apt-get" not in README and "CONTRIBUTING.md" in README   # the newcomer's page points there
+
+
+def test_every_cache_qualify_command_parses_as_typed() -> None:
+    shown = [c for c in commands(README) if c.startswith("cache-qualify ")]
+    assert len(shown) >= 15, shown
+    for command in shown:
+        words = [w.replace("<run-id>", "r1") for w in shlex.split(command.replace("[", "").replace("]", ""))][1:]
+        if len(words) == 1:   # a subcommand named in a sentence (`cache-qualify report` draws them)
+            choices = build_parser(words)._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+            assert words[0] in choices, f"README: no subcommand `{command}`"
+            continue
+        try:
+            build_parser(words).parse_args(words)
+        except SystemExit:
+            pytest.fail(f"README: `{command}` does not parse")
+
+
+@pytest.mark.slow
+def test_every_pytest_qualify_and_module_command_names_what_exists() -> None:
+    """Each `--option` of a `pytest qualify` command is one pytest or the plugin defines (pytest's --help,
+    once: about 5 s); each file of the checkout it names exists; each `python -m` module is importable."""
+    shown = [part.strip() for c in commands(README) for part in c.split("&&")]
+    helped = subprocess.run([sys.executable, "-m", "pytest", "qualify", "--help", "-p", "no:cacheprovider"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120).stdout
+    defined = set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", helped))
+    qualify = [p for p in shown if p.startswith("pytest qualify")]
+    assert len(qualify) >= 10, qualify
+    for command in qualify:
+        words = shlex.split(command)
+        for word in words:
+            option = word.split("=", 1)[0]
+            assert not option.startswith("--") or option in defined, f"README: `{command}`: {option}?"
+            if word.startswith(OWN_FILES) and word.endswith(".yaml"):
+                assert (REPO / word).is_file(), f"README: `{command}`: no {word}"
+    for command in shown:
+        words = shlex.split(command)
+        if words[0] in ("python", "python3") and words[1:2] == ["-m"] and words[2] != "venv":
+            assert importlib.util.find_spec(words[2]) is not None, f"README: `{command}`: no module {words[2]}"
+        else:
+            assert words[0] in SYSTEM | {"pytest", "cache-qualify"}, f"README: `{command}`: what runs it?"
