@@ -19,7 +19,10 @@ from cache_qualify.stats.frames import assertion_samples
 from cache_qualify.stats.pairwise import PairDecision, decide_pair, decide_trials
 from cache_qualify.stats.verdict import Assertion, Trials, evaluate
 from cache_qualify.validation.simulate import binomial_bound
+from cache_qualify.methods import method
 from tests.support.pair_sim import clopper_pearson, simulate
+
+WELCH = method("welch")
 
 WAIT = Assertion("readiness_wait_s", "B", "gain", False, min_effect=0.0, unit="s")
 
@@ -33,7 +36,7 @@ def test_a_sequential_run_is_decided_on_its_first_look_s_blocks() -> None:
     """The copy stopped at 5 trials, the build ran 9: only the first look's 4 blocks are read."""
     rng = np.random.default_rng(3)
     base, cand = _arm(list(1 + 0.1 * rng.standard_normal(9)), 0), _arm(list(1 + 0.1 * rng.standard_normal(5)), 100)
-    verdicts, notes = decide_trials([WAIT], {WAIT.id: (base, cand)}, alpha=0.05, method="welch", seed=0,
+    verdicts, notes = decide_trials([WAIT], {WAIT.id: (base, cand)}, alpha=0.05, method=WELCH, seed=0,
                                     first_look=4)
     r = verdicts[0].record
     assert (r.trials_baseline, r.trials_candidate) == (4, 4), r.reason
@@ -48,7 +51,7 @@ def test_every_printed_figure_is_of_the_starts_the_decision_read() -> None:
     base_values = list(1 + 0.05 * rng.standard_normal(10))
     base_values[8] = 9.0          # a slow start in a block the candidate never ran
     base, cand = _arm(base_values, 0), _arm(list(1.2 + 0.05 * rng.standard_normal(6)), 100)
-    verdicts, notes = decide_trials([WAIT], {WAIT.id: (base, cand)}, alpha=0.05, method="welch", seed=0)
+    verdicts, notes = decide_trials([WAIT], {WAIT.id: (base, cand)}, alpha=0.05, method=WELCH, seed=0)
     r = verdicts[0].record
     shared = float(np.mean(base_values[:6]))
     assert (r.trials_baseline, r.trials_candidate) == (6, 6) and not r.flagged_starts, r.reason
@@ -90,7 +93,7 @@ def _run(schedule: tuple[int, ...], starts: dict[str, int]) -> RunData:
                 number += 1
     samples = pd.DataFrame(rows)
     pairs = assertion_samples(samples, [WAIT], scenario="s", baseline="a", candidate="c")
-    verdicts = evaluate([WAIT], pairs, alpha=0.05, method="welch", arm="c")
+    verdicts = evaluate([WAIT], pairs, alpha=0.05, method=WELCH, arm="c")
     arms = ArmsRecord(looks=len(schedule), schedule=schedule,
                       arms=(ArmRecord("a", "a", "baseline"), ArmRecord("b", "b", "candidate"),
                             ArmRecord("c", "c", "candidate")))

@@ -24,7 +24,10 @@ from scipy import stats
 
 from cache_qualify.stats.pairwise import decide_trials
 from cache_qualify.stats.verdict import VerdictWarning
+from cache_qualify.methods import method
 from tests.support.tournament_sim import hit_rate_gain, null_effects, tournament
+
+WELCH = method("welch")
 
 LOOKS = tuple(range(4, 13))     # the default scenario's 4..12
 
@@ -51,7 +54,7 @@ def simulate(*, runs: int, alpha: float, seed: int, looks: Sequence[int] = LOOKS
             for b, c in pairs:
                 samples = {i: (run.ran[b][i], run.ran[c][i]) for i in run.ran[b]}
                 for tally, at in ((first, looks[0] if len(looks) > 1 else None), (shared, None)):
-                    verdicts, _ = decide_trials(sh.assertions, samples, alpha=alpha, method="welch", seed=0,
+                    verdicts, _ = decide_trials(sh.assertions, samples, alpha=alpha, method=WELCH, seed=0,
                                                 first_look=at)
                     tally[(b, c)] += all(v.outcome == "pass" for v in verdicts)
     return PairRates(runs, len(pairs), first, shared)
