@@ -9,12 +9,15 @@ real llama-server's qualification (slow).
 from __future__ import annotations
 
 import json
+import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from cache_qualify import cachedir
 from cache_qualify.config.inventory import Inventory, load_inventory
 from cache_qualify.errors import BuildError, CommandFailed, StaleServer
 from cache_qualify.lab.control import Lab
@@ -23,7 +26,7 @@ from cache_qualify.lab.transport import LocalTransport
 from cache_qualify.lab.server import ServerGroup
 from tests.support import containers
 from tests.support.examples import adapt_example, outcomes
-from tests.support.labfixtures import REPO, free_port, run_qualify, write_file
+from tests.support.labfixtures import REPO, free_port, run_qualify, small_scenario_option, write_file, write_inventory
 from tests.support.llama_server import llama_server_binary
 from tests.support.tiny_model import make_tiny_model
 
@@ -201,3 +204,35 @@ def test_the_preflight_names_a_host_whose_engine_does_not_answer(tmp_path: Path,
     with pytest.raises(CommandFailed, match=r"^host a: the container engine `docker` \(server\.container\) does not "
                                             r"answer there: (.*not found \(status 127\)|Cannot connect.*\(status 1\))$"):
         check_builds(absent, host, LocalTransport(host.name))
+
+
+@pytest.mark.slow
+def test_the_simulated_lab_qualifies_a_candidate_given_as_an_image(tmp_path: Path, registry: containers.Registry,
+                                                                    image: tuple[str, str]) -> None:
+    """The committed simulated lab, its candidate given on the command line as the busybox image by tag: each
+    candidate rank a container on the host's network, running the runner's Python and this checkout through
+    read-only volumes the inventory's run_options give (the image holds no Python; its digest is what the
+    arm records), the suite's cache folder mounted for the emulated server's compiled kernels. Qualified,
+    exit 0, the image's digest recorded, no container of the run left. Cost: about 100 s on two busy cores (the
+    qualification itself 20 s)."""
+    reference, digest = image
+    cache = str(cachedir.resolve().root)
+    volumes = [w for folder in ("/usr", sys.base_prefix, sys.prefix, str(REPO)) for w in ("-v", f"{folder}:{folder}:ro")]
+    run_options = [*containers.RUN_OPTIONS, *volumes, "-v", "/usr/lib:/lib:ro", "-v", "/usr/lib64:/lib64:ro",
+                   "-v", f"{cache}:{cache}", "-e", f"CACHE_QUALIFY_CACHE_DIR={cache}"]
+    inventory = write_inventory(tmp_path, server={"container": {
+        "engine": "podman", "engine_options": list(containers.ENGINE_OPTIONS), "run_options": run_options}})
+    run_id = f"image-{uuid.uuid4().hex[:8]}"   # the engine's event log outlives the test: this run's alone
+    run = run_qualify(inventory, tmp_path / "reports", *small_scenario_option(tmp_path, "image-short"),
+                      "--trials", "2", "--max-trials", "2", "--seed", "5", "--run-id", run_id,
+                      "--candidate", f"pr-image=two_choice@image:{reference}", timeout_s=300)
+    assert run.returncode == 0, run.output[-6000:]
+    provenance = json.loads((run.run_dir() / "provenance.json").read_text(encoding="utf-8"))
+    assert (provenance["builds"]["pr-image"]["source"], provenance["builds"]["pr-image"]["digest"]) == (
+        "image", digest.removeprefix("sha256:"))
+    # the candidate's ranks ran as the run's containers, on each of the three hosts
+    events = containers.podman("events", "--stream=false", "--filter", "event=start", "--filter",
+                               f"label=cache-qualify.run={run_id}", "--format",
+                               '{{.Name}} {{index .Attributes "cache-qualify.build"}}').stdout.splitlines()
+    assert events and {line.split()[1] for line in events} == {"pr-image"}, events
+    assert {line.split()[0].split("-rank")[0][-6:] for line in events} == {"gb10-a", "gb10-b", "gb10-c"}, events
