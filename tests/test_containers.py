@@ -2,8 +2,8 @@
 pushed by the tests to a real registry on loopback (Debian's docker-registry) and pulled by digest.
 
 One registry and one image (a busybox root filesystem serving /health) are shared by the module's tests;
-after each test the engine lists no container of the suite. Cost: about 30 s on two cores, and 55 s for the
-real llama-server's qualification (slow).
+after each test the engine lists no container of the suite. Cost: about 30 s on two cores, and (slow) 55 s for
+the real llama-server's qualification and 27 s for the simulated lab's with an image candidate.
 """
 
 from __future__ import annotations
@@ -213,8 +213,7 @@ def test_the_simulated_lab_qualifies_a_candidate_given_as_an_image(tmp_path: Pat
     candidate rank a container on the host's network, running the runner's Python and this checkout through
     read-only volumes the inventory's run_options give (the image holds no Python; its digest is what the
     arm records), the suite's cache folder mounted for the emulated server's compiled kernels. Qualified,
-    exit 0, the image's digest recorded, no container of the run left. Cost: about 100 s on two busy cores (the
-    qualification itself 20 s)."""
+    exit 0, the image's digest recorded, no container of the run left. Cost: about 27 s."""
     reference, digest = image
     cache = str(cachedir.resolve().root)
     volumes = [w for folder in ("/usr", sys.base_prefix, sys.prefix, str(REPO)) for w in ("-v", f"{folder}:{folder}:ro")]
