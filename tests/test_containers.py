@@ -9,6 +9,7 @@ the real llama-server's qualification and 27 s for the simulated lab's with an i
 from __future__ import annotations
 
 import json
+import re
 import sys
 import uuid
 from collections.abc import Iterator
@@ -24,6 +25,9 @@ from cache_qualify.lab.control import Lab
 from cache_qualify.lab.preflight import check_builds
 from cache_qualify.lab.transport import LocalTransport
 from cache_qualify.lab.server import ServerGroup
+from cache_qualify.qualification.lab_session import record_digests, resolved_images
+from cache_qualify.samples import runfolder
+from cache_qualify.samples.records import BuildRecord, Plan
 from tests.support import containers
 from tests.support.examples import adapt_example, outcomes
 from tests.support.labfixtures import REPO, free_port, run_qualify, small_scenario_option, write_file, write_inventory
@@ -110,6 +114,35 @@ def test_an_image_build_is_pulled_by_digest_runs_as_containers_and_stops_through
         logs = server.fetch_logs(tmp_path / "logs")
         assert sorted(p.read_text(encoding="utf-8").splitlines()[0] for p in logs) == ["KV cache: 0 pages",
                                                                                        "KV cache: 1 pages"]
+
+
+def test_a_tag_moved_after_the_run_resolved_it_never_reaches_a_start(tmp_path: Path,
+                                                                      registry: containers.Registry) -> None:
+    """The tag is pushed again, to another image, once the run resolved it: the run's starts still run the
+    first digest, a later host group of the run takes it from the plan without resolving again, and a
+    process of the run that resolved the moved tag by itself is refused before any start, naming both."""
+    files: dict[str, Path | bytes] = {"/bin/busybox": BUSYBOX, "/bin/sh": BUSYBOX, "/www/health": b"ok\n"}
+    reference, first = registry.push_rootfs("cq-moving", "pr", files)
+    inventory = inventory_of(tmp_path, reference)
+    group, run_dir = inventory.groups_resolved()[0], tmp_path / "run"
+    runfolder.write_plan(run_dir, Plan(run_id="moved", seed=0, builds={
+        "served": BuildRecord(build="served", role="baseline and candidate", path=reference, source="image")}))
+    with Lab(inventory, group, run_id="moved", images=resolved_images(runfolder.read_plan(run_dir))) as lab:
+        record_digests(run_dir, lab)
+        _, second = registry.push_rootfs("cq-moving", "pr", {**files, "/www/health": b"moved\n"})
+        assert second != first
+        with ServerGroup(lab, "served", inventory.build("served"), tag="t0") as server:
+            server.start()
+            server.wait_ready()
+            images = containers.podman("ps", "--filter", "label=cache-qualify.run=moved", "--format",
+                                       "{{.Image}}").stdout.split()
+            assert len(images) == 2 and all(i.endswith(f"@{first}") for i in images), (images, first)
+    with Lab(inventory, group, run_id="moved", images=resolved_images(runfolder.read_plan(run_dir))) as later:
+        assert f"sha256:{later.builds.identities['served'].digest}" == first
+    with Lab(inventory, group, run_id="moved") as racing, pytest.raises(BuildError, match=(
+            rf"^host a: build 'served': {re.escape(reference)} resolved to {second} here, but to {first} earlier in "
+            rf"this run \(its tag moved\): pin {re.escape(reference.rsplit(':', 1)[0])}@sha256:\.\.\. and run again$")):
+        record_digests(run_dir, racing)
 
 
 def test_the_lock_holder_stops_the_containers_of_a_runner_that_left_them(tmp_path: Path,
