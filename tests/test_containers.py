@@ -3,13 +3,16 @@ pushed by the tests to a real registry on loopback (Debian's docker-registry) an
 
 One registry and one image (a busybox root filesystem serving /health) are shared by the module's tests;
 after each test the engine lists no container of the suite. Cost: about 30 s on two cores, and (slow) 55 s for
-the real llama-server's qualification and 27 s for the simulated lab's with an image candidate.
+the real llama-server's qualification, 27 s for the simulated lab's with an image candidate and 45 s for a
+runner killed while its containers run.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import sys
 import uuid
 from collections.abc import Iterator
@@ -30,7 +33,10 @@ from cache_qualify.samples import runfolder
 from cache_qualify.samples.records import BuildRecord, Plan
 from tests.support import containers
 from tests.support.examples import adapt_example, outcomes
-from tests.support.labfixtures import REPO, free_port, run_qualify, small_scenario_option, write_file, write_inventory
+from tests.support.labfaults import failures
+from tests.support.labfixtures import (REPO, free_port, run_qualify, small_scenario_option, start_qualify, write_file,
+                                      write_inventory)
+from tests.support.waiting import wait_for
 from tests.support.llama_server import llama_server_binary
 from tests.support.tiny_model import make_tiny_model
 
@@ -170,7 +176,7 @@ def test_a_stale_container_is_named_and_kill_stale_removes_it(tmp_path: Path, im
                           f"{image[0].rsplit(':', 1)[0]}@{image[1]}", "/bin/busybox", "sleep", "600")
         server = ServerGroup(lab, "served", inventory.build("served"))
         with pytest.raises(StaleServer, match=r"^host b rank 1: containers from an earlier run are still there "
-                                              r"\(cq-earlier-b\); stop them or rerun with --kill-stale$"):
+                                              r"\(cq-earlier-b of run earlier\); stop them or rerun with --kill-stale$"):
             server.check_stale(kill=False)
         server.check_stale(kill=True)
         assert containers.suite_containers(tmp_path) == []
@@ -239,6 +245,24 @@ def test_the_preflight_names_a_host_whose_engine_does_not_answer(tmp_path: Path,
         check_builds(absent, host, LocalTransport(host.name))
 
 
+def simulated_lab_in_containers(tmp_path: Path) -> Path:
+    """The committed simulated lab whose image builds' ranks run the runner's Python and this checkout
+    through read-only volumes (the busybox image holds no Python), the suite's cache folder mounted for the
+    emulated server's compiled kernels."""
+    cache = str(cachedir.resolve().root)
+    volumes = [w for folder in ("/usr", sys.base_prefix, sys.prefix, str(REPO)) for w in ("-v", f"{folder}:{folder}:ro")]
+    run_options = [*containers.RUN_OPTIONS, *volumes, "-v", "/usr/lib:/lib:ro", "-v", "/usr/lib64:/lib64:ro",
+                   "-v", f"{cache}:{cache}", "-e", f"CACHE_QUALIFY_CACHE_DIR={cache}"]
+    return write_inventory(tmp_path, server={"container": {
+        "engine": "podman", "engine_options": list(containers.ENGINE_OPTIONS), "run_options": run_options}})
+
+
+def image_candidate_run(tmp_path: Path, reference: str, run_id: str) -> tuple[str, ...]:
+    """A short qualification's options, its candidate `pr-image` the image `reference` given on the command line."""
+    return (*small_scenario_option(tmp_path, "image-short"), "--trials", "2", "--max-trials", "2", "--seed", "5",
+            "--run-id", run_id, "--candidate", f"pr-image=two_choice@image:{reference}")
+
+
 @pytest.mark.slow
 def test_the_simulated_lab_qualifies_a_candidate_given_as_an_image(tmp_path: Path, registry: containers.Registry,
                                                                     image: tuple[str, str]) -> None:
@@ -248,16 +272,9 @@ def test_the_simulated_lab_qualifies_a_candidate_given_as_an_image(tmp_path: Pat
     arm records), the suite's cache folder mounted for the emulated server's compiled kernels. Qualified,
     exit 0, the image's digest recorded, no container of the run left. Cost: about 27 s."""
     reference, digest = image
-    cache = str(cachedir.resolve().root)
-    volumes = [w for folder in ("/usr", sys.base_prefix, sys.prefix, str(REPO)) for w in ("-v", f"{folder}:{folder}:ro")]
-    run_options = [*containers.RUN_OPTIONS, *volumes, "-v", "/usr/lib:/lib:ro", "-v", "/usr/lib64:/lib64:ro",
-                   "-v", f"{cache}:{cache}", "-e", f"CACHE_QUALIFY_CACHE_DIR={cache}"]
-    inventory = write_inventory(tmp_path, server={"container": {
-        "engine": "podman", "engine_options": list(containers.ENGINE_OPTIONS), "run_options": run_options}})
     run_id = f"image-{uuid.uuid4().hex[:8]}"   # the engine's event log outlives the test: this run's alone
-    run = run_qualify(inventory, tmp_path / "reports", *small_scenario_option(tmp_path, "image-short"),
-                      "--trials", "2", "--max-trials", "2", "--seed", "5", "--run-id", run_id,
-                      "--candidate", f"pr-image=two_choice@image:{reference}", timeout_s=300)
+    run = run_qualify(simulated_lab_in_containers(tmp_path), tmp_path / "reports",
+                      *image_candidate_run(tmp_path, reference, run_id), timeout_s=300)
     assert run.returncode == 0, run.output[-6000:]
     provenance = json.loads((run.run_dir() / "provenance.json").read_text(encoding="utf-8"))
     assert (provenance["builds"]["pr-image"]["source"], provenance["builds"]["pr-image"]["digest"]) == (
@@ -268,3 +285,36 @@ def test_the_simulated_lab_qualifies_a_candidate_given_as_an_image(tmp_path: Pat
                                '{{.Name}} {{index .Attributes "cache-qualify.build"}}').stdout.splitlines()
     assert events and {line.split()[1] for line in events} == {"pr-image"}, events
     assert {line.split()[0].split("-rank")[0][-6:] for line in events} == {"gb10-a", "gb10-b", "gb10-c"}, events
+
+
+@pytest.mark.slow
+def test_containers_of_a_killed_runner_whose_lock_holders_died_are_named_by_the_next_run_and_removed(
+        tmp_path: Path, image: tuple[str, str]) -> None:
+    """A real runner SIGKILLed while its candidate's containers run, its lock holders killed with it (so none
+    stops them: a runner killed alone has them stopped by its holders, test_the_lock_holder_stops_...): the
+    next run fails before any start naming the host, the container and its run; a run with --kill-stale
+    removes them and qualifies. Cost: about 45 s."""
+    inventory, reports = simulated_lab_in_containers(tmp_path), tmp_path / "reports"
+    killed = start_qualify(inventory, reports, *image_candidate_run(tmp_path, image[0], "killed"))
+    try:
+        running = wait_for(lambda: containers.podman("ps", "--filter", "label=cache-qualify.run=killed", "--format",
+                                                     "{{.Names}}").stdout.split(), 120,
+                           "a container of the run running", process=killed)
+        assert containers.kill_lock_holders(tmp_path / "on-hosts") == 3
+        os.killpg(killed.pid, signal.SIGKILL)
+    finally:
+        if killed.poll() is None:
+            os.killpg(killed.pid, signal.SIGKILL)
+        killed.communicate(timeout=60)
+    assert set(running) <= set(containers.suite_containers(tmp_path))   # they outlive their runner
+    refused = run_qualify(inventory, reports, *image_candidate_run(tmp_path, image[0], "next"),
+                          f"--junitxml={tmp_path / 'next.xml'}", timeout_s=300)
+    assert refused.returncode != 0
+    said = "\n".join(failures(refused).values())   # the preflight's port check, on each host holding one
+    assert re.search(rf"StaleServer: host gb10-\w rank \d: port \d+ on [\d.]+ is in use and a server an earlier run "
+                     rf"left is still running \(process group \d+, recorded in \S+; its containers: {running[0]} of "
+                     rf"run killed\); stop it, or rerun with --kill-stale", said), said or refused.output[-4000:]
+    cleaned = run_qualify(inventory, reports, *image_candidate_run(tmp_path, image[0], "cleaned"), "--kill-stale",
+                          timeout_s=300)
+    assert cleaned.returncode == 0, cleaned.output[-6000:]
+    assert not any(name.startswith("cq-killed-") for name in containers.suite_containers(tmp_path))
