@@ -4,7 +4,7 @@ pushed by the tests to a real registry on loopback (Debian's docker-registry) an
 One registry and one image (a busybox root filesystem serving /health) are shared by the module's tests;
 after each test the engine lists no container of the suite. Cost: about 30 s on two cores, and (slow) 55 s for
 the real llama-server's qualification, 27 s for the simulated lab's with an image candidate and 45 s for a
-runner killed while its containers run.
+runner killed while its containers run; 15 s for Ctrl-C during a pull.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from cache_qualify.samples.records import BuildRecord, Plan
 from tests.support import containers
 from tests.support.examples import adapt_example, outcomes
 from tests.support.labfaults import failures
-from tests.support.labfixtures import (REPO, free_port, run_qualify, small_scenario_option, start_qualify, write_file,
-                                      write_inventory)
+from tests.support.labfixtures import (REPO, free_port, interrupt, run_qualify, small_scenario_option, start_qualify,
+                                      write_file, write_inventory)
 from tests.support.waiting import wait_for
 from tests.support.llama_server import llama_server_binary
 from tests.support.tiny_model import make_tiny_model
@@ -318,3 +318,25 @@ def test_containers_of_a_killed_runner_whose_lock_holders_died_are_named_by_the_
                           timeout_s=300)
     assert cleaned.returncode == 0, cleaned.output[-6000:]
     assert not any(name.startswith("cq-killed-") for name in containers.suite_containers(tmp_path))
+
+
+def test_ctrl_c_during_a_pull_stops_it_in_one_line_leaving_nothing_running(tmp_path: Path) -> None:
+    """A run whose candidate's image comes from a registry that stalls, interrupted (SIGINT, as Ctrl-C) while
+    the engine pulls it: one line naming the host, the build and the cause, no pull and no container left.
+    Cost: about 15 s."""
+    with containers.stalled_registry() as address:
+        reference = f"{address}/cq-stalled:pr"
+        run = start_qualify(simulated_lab_in_containers(tmp_path), tmp_path / "reports",
+                            *image_candidate_run(tmp_path, reference, "pulling"))
+        try:
+            wait_for(lambda: [line for line in containers.processes_naming(reference) if " pull " in line], 120,
+                     "the engine pulling the candidate's image", process=run)
+            output = interrupt(run)
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.communicate()
+        assert (f"host gb10-a: build 'pr-image': pulling {reference} interrupted (Ctrl-C), the pull stopped"
+                in output), output[-4000:]
+        wait_for(lambda: not containers.processes_naming(reference), 10, "no process pulling the image left",
+                 detail=lambda: "\n".join(containers.processes_naming(reference)))

@@ -10,6 +10,7 @@ Without podman, runc or docker-registry these tests fail, never skip.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
@@ -17,6 +18,7 @@ import signal
 import socket
 import subprocess
 import tarfile
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +92,44 @@ class Registry:
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def stalled_registry() -> Iterator[str]:
+    """The address of a registry that accepts connections and never answers (a stalled one): a pull from it
+    hangs until it is stopped."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError, OSError):
+                held.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        for connection in (*held, server):
+            connection.close()
+
+
+def processes_naming(text: str) -> list[str]:
+    """The command lines of the processes whose command line holds `text`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if entry.name.isdigit() and text in line and entry.name != str(os.getpid()):
+                found.append(line.strip())
+    return found
 
 
 def _free_port() -> int:
@@ -182,5 +222,5 @@ def kill_lock_holders(under: Path) -> int:
 
 
 __all__ = ["ContainersUnavailable", "ENGINE_OPTIONS", "RUN_OPTIONS", "Registry", "kill_lock_holders", "podman",
-           "program_files", "remove_suite_containers",
+           "processes_naming", "program_files", "remove_suite_containers", "stalled_registry",
            "require", "start_registry", "suite_containers"]
