@@ -9,7 +9,8 @@ import pytest
 
 from cache_qualify.config.inventory import load_inventory
 from cache_qualify.errors import InventoryError
-from tests.support.labfixtures import edited, write_file
+from cache_qualify.urls import UNPARSEABLE, masked_argv
+from tests.support.labfixtures import edited, run_qualify, write_file, write_inventory
 
 BASE = """\
 lab: test-lab
@@ -110,3 +111,24 @@ def test_wrong_command_line_builds_refused_in_one_line(tmp_path: Path, option: s
     with pytest.raises(InventoryError, match=match) as info:
         load_inventory(write_file(tmp_path, BASE, "hosts.yaml"), **{option: value})
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("image", ["robot:s3cret@registry.lab/flare:pr", "https://robot:s3cret@registry.lab/flare:pr"])
+def test_a_registry_login_in_an_image_reference_is_refused_and_never_recorded(tmp_path: Path, image: str) -> None:
+    """Credentials come from the engine's own login or its environment: one typed into a reference is refused
+    in one line that does not repeat the password, in the inventory and on the command line, and a run given
+    one records it nowhere (its output, its reports folder), the recorded command line masking it. Cost: 8 s each."""
+    said = r"expected an image reference without credentials, found robot:\*\*\*@\.\.\.: log the engine in"
+    with pytest.raises(InventoryError, match=rf"^\S+hosts\.yaml: builds: --candidate: {said}") as given:
+        inventory_text(tmp_path, BASE, candidate=f"pr=set4@image:{image}")
+    with pytest.raises(InventoryError, match=rf"^\S+hosts\.yaml:10: builds\.two_choice\.image: {said}") as typed:
+        inventory_text(tmp_path, edited(BASE, "two_choice: {path: /opt/b/tc/server, ref: abc123}",
+                                        f"two_choice: {{image: '{image}'}}"))
+    assert "s3cret" not in str(given.value) + str(typed.value)
+    recorded = masked_argv(["--candidate", f"pr=set4@image:{image}"])[1]   # the plan's command line
+    assert "s3cret" not in recorded and ("robot:***@registry.lab" in recorded or recorded == UNPARSEABLE), recorded
+    run = run_qualify(write_inventory(tmp_path), tmp_path / "reports", "--candidate", f"pr=set4@image:{image}",
+                      timeout_s=120)
+    assert run.returncode != 0 and "without credentials" in run.output, run.output[-3000:]
+    written = [p for p in (tmp_path / "reports").rglob("*") if p.is_file() and b"s3cret" in p.read_bytes()]
+    assert "s3cret" not in run.output and written == [], written

@@ -10,12 +10,15 @@ Without podman, runc or docker-registry these tests fail, never skip.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tarfile
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +94,44 @@ class Registry:
         self.process.wait(timeout=10)
 
 
+@contextlib.contextmanager
+def stalled_registry() -> Iterator[str]:
+    """The address of a registry that accepts connections and never answers (a stalled one): a pull from it
+    hangs until it is stopped."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError, OSError):
+                held.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        for connection in (*held, server):
+            connection.close()
+
+
+def processes_naming(text: str) -> list[str]:
+    """The command lines of the processes whose command line holds `text`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if entry.name.isdigit() and text in line and entry.name != str(os.getpid()):
+                found.append(line.strip())
+    return found
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -164,6 +205,22 @@ def remove_suite_containers(under: Path | None = None) -> list[str]:
     return names
 
 
-__all__ = ["ContainersUnavailable", "ENGINE_OPTIONS", "RUN_OPTIONS", "Registry", "podman", "program_files",
-           "remove_suite_containers",
+def kill_lock_holders(under: Path) -> int:
+    """SIGKILL the process group of every host-lock holder of host folders under `under` (as if the holders
+    died with the runner): none of them runs its release. How many groups were killed."""
+    groups = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if entry.name.isdigit() and "flock -o" in line and f"{under}/" in line:
+                groups.add(os.getpgid(int(entry.name)))
+        except (OSError, ProcessLookupError):
+            continue
+    for group in groups:
+        os.killpg(group, signal.SIGKILL)
+    return len(groups)
+
+
+__all__ = ["ContainersUnavailable", "ENGINE_OPTIONS", "RUN_OPTIONS", "Registry", "kill_lock_holders", "podman",
+           "processes_naming", "program_files", "remove_suite_containers", "stalled_registry",
            "require", "start_registry", "suite_containers"]
