@@ -271,3 +271,12 @@ def any_transport(request: pytest.FixtureRequest) -> Iterator[Transport]:
             yield transport
     else:
         yield request.getfixturevalue("ssh_transport")
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel of this tree, built once per session and worker (`tests.support.installed`): the tests that
+    use it share the `xdist_group("wheel")`, so one worker builds it."""
+    from tests.support.installed import build_wheel
+
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
