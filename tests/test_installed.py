@@ -10,22 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.installed import FreshEnvironment, fresh_environment, lab_folder
+from tests.support.installed import FreshEnvironment, lab_folder
 from tests.support.labfixtures import REPO, TEST_SEED
-
-
-def installed(tmp_path: Path, wheel: Path) -> FreshEnvironment:
-    """A fresh environment with the wheel installed by `pip install`, as a lab would."""
-    venv = fresh_environment(tmp_path)
-    proc = venv.run(["pip", "install", "-q", str(wheel)], tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return venv
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("wheel")
-def test_the_installed_gate_qualifies_a_lab_folder_holding_only_an_inventory(tmp_path: Path, built_wheel: Path) -> None:
-    venv = installed(tmp_path, built_wheel)
+def test_the_installed_gate_qualifies_a_lab_folder_holding_only_an_inventory(tmp_path: Path,
+                                                                            installed_gate: FreshEnvironment) -> None:
+    venv = installed_gate
     lab = tmp_path / "lab"
     package = venv.package_file(tmp_path, "cache_qualify").parent
     assert venv.root in package.parents and REPO not in package.parents, package   # the wheel's, not this checkout's
