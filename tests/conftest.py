@@ -30,6 +30,7 @@ from tests.support.waiting import NotInTime, wait_for
 
 if TYPE_CHECKING:  # paramiko is imported only by sessions that use SSH
     from cache_qualify.lab.transport import SshTransport
+    from tests.support.installed import FreshEnvironment
     from tests.support.sshd import SshdInstance, SshdLab
 
 
@@ -271,3 +272,25 @@ def any_transport(request: pytest.FixtureRequest) -> Iterator[Transport]:
             yield transport
     else:
         yield request.getfixturevalue("ssh_transport")
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel of this tree, built once per session and worker (`tests.support.installed`): the tests that
+    use it share the `xdist_group("wheel")`, so one worker builds it."""
+    from tests.support.installed import build_wheel
+
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="session")
+def installed_gate(tmp_path_factory: pytest.TempPathFactory, built_wheel: Path) -> FreshEnvironment:
+    """A fresh virtual environment outside any checkout with the wheel installed by `pip install`, as a lab
+    would (`tests.support.installed`), once per session and worker (`xdist_group("wheel")`)."""
+    from tests.support.installed import fresh_environment
+
+    folder = tmp_path_factory.mktemp("installed")
+    venv = fresh_environment(folder)
+    proc = venv.run(["pip", "install", "-q", str(built_wheel)], folder)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return venv

@@ -234,8 +234,8 @@ def test_direct_http_behind_the_bastion_fails_preflight_once_per_host(bastion: B
     run = bastion.qualify(inventory, "--preflight-only", "--junitxml", str(junit), timeout_s=120)
     run = dataclasses.replace(run, junit_file=junit)
     took = time.monotonic() - started
-    assert run.returncode == 1, run.output[-4000:]
-    failed = [line for line in run.output.splitlines() if line.startswith("FAILED ")]
+    assert run.returncode == 6, run.output[-4000:]   # failed preflight checks: the lab's status
+    failed = [line for line in run.output.splitlines() if line.startswith("ERROR ")]   # the lab's: errors
     assert len(failed) == len(HOSTS), "\n".join(failed) or run.output[-4000:]
     messages = failures(run)
     assert sorted(messages) == [f"test_port_free[{name}]" for name in HOSTS], messages
@@ -287,11 +287,11 @@ def test_example_preflight_without_an_ssh_config_reports_only_the_real_problems(
     finally:
         offline.delete()
     output = done.stdout + done.stderr
-    assert done.returncode == 1, output[-4000:]
-    failed = sorted(line.split(" ")[1].split("::")[1] for line in output.splitlines() if line.startswith("FAILED "))
+    assert done.returncode == 6, output[-4000:]   # failed preflight checks: the lab's status, each an error
+    failed = sorted(line.split(" ")[1].split("::")[1] for line in output.splitlines() if line.startswith("ERROR "))
     assert failed == ["test_reachable[gb10-a]", "test_reachable[gb10-b]", "test_reachable[gb10-c]",
                       "test_ssh_identity"], output[-4000:]
-    assert "ERROR " not in output and "Traceback" not in output and "paramiko" not in output, output[-4000:]
+    assert "FAILED " not in output and "Traceback" not in output and "paramiko" not in output, output[-4000:]
     run = QualifyRun(done.returncode, output, tmp_path / "reports")
     messages = failures(run)
     assert re.search(r"ConfigError: \S+/examples/gb10-lab.yaml: ssh.identity_file: the identity file "

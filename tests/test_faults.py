@@ -163,7 +163,7 @@ def test_the_preflight_runs_under_k_and_lf_as_without_them(tmp_path: Path, selec
     chosen = (("-k", "kv_pages") if selection == "-k"
               else last_failed(tmp_path, "qualify/test_startup.py::test_kv_pages[kv_pages-no_regression[startup]]"))
     run = lab.qualify_junit_outside("--seed", "3", *chosen)
-    assert run.returncode == 1, run.output[-4000:]
+    assert run.returncode == 6, run.output[-4000:]
     assert sorted(failures(run)) == [f"test_drop_caches[{host}]" for host in lab.hosts], run.output[-4000:]
     blocked = [why for name, why in skipped(run).items() if "kv_pages" in name]
     assert len(blocked) == 1 and blocked[0].startswith("not run: blocked by the failed preflight checks"), blocked
@@ -297,7 +297,7 @@ def test_ssh_connection_of_a_host_drops_mid_trial(tmp_path: Path, sshd_lab: Sshd
         drop_connection(setup.sshd["gb10-b"])
     output, _ = proc.communicate(timeout=180)
     run = QualifyRun(proc.returncode, output, lab.reports)
-    assert run.returncode == 1, output
+    assert run.returncode == 6, output   # a host lost: the lab's status, not a verdict
     message = failed(run, "test_trials_completed")
     assert "host gb10-b rank 1" in message and "connection to the host dropped" in message, message
     assert "--resume fault" in message
@@ -321,7 +321,7 @@ def test_host_unreachable_at_preflight(tmp_path: Path, sshd_lab: SshdLab) -> Non
     check_stopped_by_preflight(run, "test_reachable[gb10-c]")
     # its failure and the tail; pytest's own short summary line (cut to the terminal's width, whole
     # where CI is set) is not counted
-    told = "\n".join(line for line in run.output.splitlines() if not line.startswith("FAILED "))
+    told = "\n".join(line for line in run.output.splitlines() if not line.startswith(("FAILED ", "ERROR ")))
     assert told.count(f"cannot connect to {sshd_lab.user}@{address}") == 2, run.output
     check_aftermath(setup.lab)
 
@@ -356,7 +356,8 @@ def test_a_port_that_is_not_ssh_is_one_line(tmp_path: Path, sshd_lab: SshdLab, s
     line = (f"HostUnreachable: host gb10-c: {sshd_lab.user}@{web.host}:{web.port} is not an SSH server: it said "
             "nothing within 5 s (an SSH server speaks first) and answered an SSH greeting with ")
     headline, text = message.split("\n")   # JUnit's message and its text: the one line, no traceback
-    assert headline == f"Failed: {text}" and text == f"{line}'<!DOCTYPE HTML>'", message
+    # the lab's error, as pytest words an error: `failed on setup with "<the failure's line>"`
+    assert headline == f'failed on setup with "Failed: {text}"' and text == f"{line}'<!DOCTYPE HTML>'", message
     assert "Traceback" not in run.output and "paramiko" not in run.output, run.output[-4000:]
     assert "Captured log" not in run.output, run.output[-4000:]
     check_stopped_by_preflight(run, "test_reachable[gb10-c]")

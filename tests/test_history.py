@@ -111,7 +111,8 @@ V4_FIGURES = ("run_id", "scenario", "assertion", "arm", "metric", "request", "ki
               "trials_candidate", "baseline_mean", "candidate_mean", "difference", "normal_difference",
               "null_boundary", "ci_low", "ci_high", "ci_level", "p_value", "p_adjusted", "noise_sd", "history_sd",
               "history_df", "history_runs", "history_used", "trials_needed", "reason")
-VERDICT_COLUMNS = {1: V3_FIGURES, 2: V3_FIGURES, 3: V3_FIGURES, 4: V4_FIGURES, 5: V4_FIGURES, 6: V4_FIGURES}
+VERDICT_COLUMNS = {1: V3_FIGURES, 2: V3_FIGURES, 3: V3_FIGURES, 4: V4_FIGURES, 5: V4_FIGURES, 6: V4_FIGURES,
+                   7: V4_FIGURES, 8: V4_FIGURES}
 
 
 def test_import_goes_past_a_folder_it_cannot_read_and_names_it(tmp_path: Path,
@@ -155,6 +156,10 @@ def _older_verdicts(conn: sa.Connection, version: int) -> None:
 def _as_version(conn: sa.Connection, version: int) -> None:
     """The database as an older suite left it at `version`: what the later versions added dropped, what
     they dropped back (a trial's startup time and KV pages as columns, the values a start measured)."""
+    if version < 8:
+        conn.execute(sa.text("ALTER TABLE runs DROP COLUMN pipeline"))
+    if version < 7:
+        conn.execute(sa.text("ALTER TABLE runs DROP COLUMN cause"))
     if version < 6:
         for column in ("source", "digest"):
             conn.execute(sa.text(f"ALTER TABLE builds DROP COLUMN {column}"))
@@ -189,7 +194,8 @@ def test_schema_upgrades_in_place(tmp_path: Path, history_url: str, version: int
     with History(history_url) as history:
         history.record(folder)
         before = history.dump()
-    assert before["quantities"] and before["runs"][0][-1] is not None  # units and the summary, recorded
+    summary = schema.runs.c.keys().index("summary")
+    assert before["quantities"] and before["runs"][0][summary] is not None  # units and the summary, recorded
     engine = sa.create_engine(history_url)
     with engine.begin() as conn:
         _as_version(conn, version)
@@ -205,10 +211,10 @@ def test_schema_upgrades_in_place(tmp_path: Path, history_url: str, version: int
             [[row[k] for k in kept] for row in before["verdicts"]] and before["verdicts"]
         assert {row[schema.verdicts.c.keys().index("arm")] for row in upgraded["verdicts"]} == {"set4"}
         if version < 3:
-            assert upgraded["quantities"] == [] and upgraded["runs"][0][-1] is None
+            assert upgraded["quantities"] == [] and upgraded["runs"][0][summary] is None
         (found,) = series_of(history.values())  # read as the study's runtime measured it, as a report does
         assert (found.metric, found.unit, found.title) == ("hit_rate", "fraction", "Hit rate")
-        assert [row[:-1] for row in upgraded["runs"]] == [row[:-1] for row in before["runs"]]
+        assert [row[:summary] for row in upgraded["runs"]] == [row[:summary] for row in before["runs"]]
         assert history.runs()[0]["verdicts"] == {"set4": {"pass": 1}}
         assert history.record(folder) == 0  # importing the folder again fills them in
         assert history.dump() == before

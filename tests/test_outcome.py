@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from cache_qualify.samples.records import VerdictRecord
-from cache_qualify.stats.outcome import ScenarioFacts, decide
+from cache_qualify.stats.outcome import LAB_ERROR, ScenarioFacts, decide, lab_problem
 
 GAIN, WAIT, KV = "hit_rate-gain[B-new-start]", "readiness_wait_ns-gain[B-new-start]", "kv_pages-no_regression[startup]"
 
@@ -76,28 +76,53 @@ def test_screening_counts_a_candidate_over_every_scenario() -> None:
 
 
 @pytest.mark.parametrize("mode", ["gate", "screening"])
-def test_a_failed_trial_fails_the_scenario_and_the_run(mode: str) -> None:
-    run = decide([scenario("two_choice", verdicts=PASS, bad_trials=("build set4 trial 3: start_failed",))],
+def test_a_candidates_failed_trial_fails_the_scenario_and_the_run(mode: str) -> None:
+    run = decide([scenario("two_choice", verdicts=PASS, bad_trials=("build two_choice trial 3: start_failed",))],
                  mode=mode)  # type: ignore[arg-type]
-    assert (run.overall, run.exit_status) == ("fail", 1)
-    assert run.errors == ("reread-1g: build set4 trial 3: start_failed",)
+    assert (run.overall, run.exit_status, run.cause) == ("fail", 1, "")
+    assert run.errors == ("reread-1g: build two_choice trial 3: start_failed",)
+
+
+LOCK = "LockHeld: host gb10-a: the lock is held"
 
 
 @pytest.mark.parametrize("mode", ["gate", "screening"])
-def test_a_qualification_that_could_not_run_exits_one(mode: str) -> None:
-    run = decide([scenario("two_choice", error="LockHeld: host gb10-a: the lock is held")], mode=mode)  # type: ignore[arg-type]
-    assert (run.overall, run.exit_status) == ("inconclusive", 1)
-    assert run.errors == ("reread-1g: the qualification could not run: LockHeld: host gb10-a: the lock is held",)
+def test_a_scenario_the_lab_could_not_measure_is_an_error_with_a_status_of_its_own(mode: str) -> None:
+    run = decide([scenario("two_choice", error=LOCK, lab_problem=LOCK)], mode=mode)  # type: ignore[arg-type]
+    assert (run.overall, run.exit_status, run.scenarios[0].outcome) == ("error", LAB_ERROR, "error")
+    assert run.cause == f"reread-1g: {LOCK}" and run.errors[0] == run.cause
+    # a candidate shown failing elsewhere is the answer: retrying the lab would not change it
+    failing = scenario("lru4", verdicts=verdicts("lru4", "fail", "pass", "pass"))
+    both = decide([replace(failing, scenario="long-prompt"), scenario("lru4", lab_problem=LOCK)], mode=mode)  # type: ignore[arg-type]
+    assert (both.overall, both.exit_status) == ("fail", 1) and both.cause
 
 
 @pytest.mark.parametrize("mode", ["gate", "screening"])
-def test_a_failed_preflight_exits_one_whatever_the_verdicts(mode: str) -> None:
+def test_a_failed_preflight_is_the_labs_error_unless_the_candidate_failed(mode: str) -> None:
     failed = "test_drop_caches[gb10-a] failed: CommandFailed: host gb10-a: sudo: a password is required"
+    not_run = decide([scenario("two_choice", qualified=False)], mode=mode, lab_errors=[failed])  # type: ignore[arg-type]
+    assert (not_run.overall, not_run.exit_status, not_run.cause) == ("error", LAB_ERROR, failed)
     facts = scenario("lru4", "two_choice", verdicts=(*verdicts("lru4", "fail", "pass", "pass"), *PASS))
-    run = decide([facts], mode=mode, errors=[failed])  # type: ignore[arg-type]
-    assert run.exit_status == 1 and run.errors == (failed,) and run.note == ""
-    not_run = decide([scenario("two_choice", qualified=False)], mode=mode, errors=[failed])  # type: ignore[arg-type]
-    assert (not_run.overall, not_run.exit_status) == ("inconclusive", 1)
+    run = decide([facts], mode=mode, lab_errors=[failed])  # type: ignore[arg-type]
+    # the gate's failing candidate is an answer; screening's best one passed, so the lab's error stands
+    assert run.exit_status == (1 if mode == "gate" else LAB_ERROR) and run.errors == (failed,) and run.note == ""
+    other = decide([scenario("two_choice", verdicts=PASS)], mode=mode, errors=["test_counter_consistency failed"])  # type: ignore[arg-type]
+    assert (other.overall, other.exit_status, other.cause) == ("pass", 1, "")
+
+
+def test_whose_trial_failed_decides_whether_the_lab_or_the_candidate_did() -> None:
+    """A candidate whose ranks die at start failed; a baseline that does not start, an error of the lab's
+    kind (a metric the runtime does not serve, a host) or a qualification that could not run is the lab's."""
+    died = ("two_choice", 0, "start_failed", "host gb10-b rank 1: exited during startup")
+    assert lab_problem("set4", [died], raised=False, error="exited", error_kind="RankExited") is None
+    baseline = ("set4", 1, "start_failed", "host gb10-b rank 1: exited during startup\nlog tail")
+    assert lab_problem("set4", [died, baseline], raised=False, error=None, error_kind=None) == (
+        "the baseline set4 could not be measured: trial 2 start_failed: host gb10-b rank 1: exited during startup")
+    metric = ("two_choice", 0, "failed", "host gb10-c rank 2: no flare_engram_row_cache_hits_total")
+    assert lab_problem("set4", [metric], raised=False, error="no metric", error_kind="MetricMissing") == \
+        "the lab could not measure it: MetricMissing: no metric"
+    assert lab_problem("set4", [], raised=True, error="held", error_kind="LockHeld") == \
+        "the qualification could not run: LockHeld: held"
 
 
 def test_a_scenario_not_measured_in_this_run_does_not_decide_it() -> None:

@@ -8,7 +8,6 @@ the wheel's contents directly.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -34,15 +33,9 @@ def test_pypi_fixtures_and_cache_qualify_import_side_by_side(where: str, tmp_pat
 
 
 @pytest.mark.slow
-def test_the_wheel_installs_one_top_level_package_with_its_data(tmp_path: Path) -> None:
-    source = tmp_path / "src"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "reports", "build", "*.egg-info",
-                                                                 "__pycache__", ".mypy_cache", ".hypothesis"))
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-                           "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (wheel,) = (tmp_path / "dist").glob("cache_qualify-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
+@pytest.mark.xdist_group("wheel")
+def test_the_wheel_installs_one_top_level_package_with_its_data(built_wheel: Path) -> None:
+    names = zipfile.ZipFile(built_wheel).namelist()
     top = {name.split("/", 1)[0] for name in names}
     assert {t for t in top if not t.endswith(".dist-info")} == {"cache_qualify"}, sorted(top)
     for data in ("cache_qualify/config/scenarios/reread-1g.yaml", "cache_qualify/config/schema/inventory.schema.json",
@@ -51,3 +44,6 @@ def test_the_wheel_installs_one_top_level_package_with_its_data(tmp_path: Path) 
                      "conversation_trace.jsonl", "LICENSE-APACHE", "README.md"))):
         assert data in names, f"{data} is missing from the wheel"
     assert not any(n.startswith(("cache_qualify/tests", "qualify/", "tests/")) for n in names)
+    # the qualification tests, as the checkout's `qualify/` holds them (`cache-qualify run` collects them)
+    shipped = sorted(n.removeprefix("cache_qualify/") for n in names if n.startswith("cache_qualify/qualify/"))
+    assert shipped == sorted(f"qualify/{p.name}" for p in (REPO / "qualify").glob("*.py")), shipped

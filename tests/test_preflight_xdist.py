@@ -54,10 +54,12 @@ def test_a_preflight_failed_on_one_host_stops_every_worker(tmp_path: Path) -> No
         squatter.bind(("127.0.0.16", port))
         squatter.listen()
         run = run_qualify(inventory, tmp_path / "reports", *scenario_args(tmp_path), "-n", "2", "--junitxml", str(junit))
-    assert run.returncode == 1, run.output
+    assert run.returncode == 6, run.output   # a failed preflight check: the lab's status
     cases = run.testcases()
-    failed = {name: failure.get("message", "") for name, case in cases.items()
-              if (failure := case.find("failure")) is not None}
+    # the lab's: an error, whose message pytest words `failed on setup with "<the failure's line>"`
+    failed = {name: error.get("message", "").removeprefix('failed on setup with "').removesuffix('"')
+              for name, case in cases.items() if (error := case.find("error")) is not None}
+    assert not any(case.find("failure") is not None for case in cases.values()), run.output
     assert list(failed) == ["test_port_free[gb10-f]"], run.output
     assert f"port {port} on 127.0.0.16 is in use" in failed["test_port_free[gb10-f]"]
     why = ("not run: blocked by the failed preflight check qualify/test_preflight.py::test_port_free[gb10-f]; "

@@ -38,10 +38,10 @@ def test_a_run_that_met_a_held_lock_names_it_and_is_no_history_point(tmp_path: P
     with LocalTransport(host.name) as transport, \
             HostLock.acquire(transport, path=str(directory / "lock"), holder=holder):
         run = run_qualify(inventory, tmp_path / "reports", "--run-id", "locked")
-    assert run.returncode == 1, run.output
+    assert run.returncode == 6, run.output   # a held lock: the lab's status, not a verdict
     held = "the lock " + str(directory / "lock") + " is held by user alice on runner runner-9 (run run-of-alice"
     tail = run.tail()
-    assert tail[0].startswith("INCONCLUSIVE  reread-1g: no verdict  the qualification could not run: LockHeld: "
+    assert tail[0].startswith("ERROR  reread-1g: no verdict  the qualification could not run: LockHeld: "
                               f"host {host.name}: {held}"), tail
     assert "--lock-wait SECONDS waits for it" in tail[0]
     assert any(line.endswith("history.sqlite: not recorded (nothing was measured)") for line in tail), tail
@@ -49,7 +49,8 @@ def test_a_run_that_met_a_held_lock_names_it_and_is_no_history_point(tmp_path: P
     assert f"**Nothing was measured**: the qualification could not run: LockHeld: host {host.name}: {held}" in summary
     assert "No trial ran." in summary and "valid measurements" not in summary
     assert summary.count(held) == 1 and ".;" not in summary, summary   # the cause stated once, in one sentence
-    assert "**Undecided**: nothing was measured (why below); once that is mended, rerun with " in summary
+    assert "**Not measured, no verdict** (exit status 6): nothing was measured (why below); this says nothing of " \
+           "the candidate: once the lab is mended, rerun with " in summary
     with warnings.catch_warnings():   # drawn again with its plots: none, and no matplotlib warning
         warnings.simplefilter("error")
         summary = render_run(run.run_dir(), plots=True).read_text(encoding="utf-8")

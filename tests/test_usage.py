@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import xml.etree.ElementTree as ET
 import shutil
 import subprocess
 import sys
@@ -168,3 +169,23 @@ def test_the_preflight_put_back_under_k_is_not_counted_as_deselected(tmp_path: P
     [count] = [line for line in lines if "tests collected" in line]
     collected, total, deselected = map(int, re.findall(r"\d+", count.split(" in ")[0]))
     assert (collected, deselected) == (len(listed), total - len(listed)), count
+
+
+@pytest.mark.parametrize(("args", "where"), [
+    (("qualify", "--hosts", "hosts.yaml", "--candidate", "no-such-build"), "checkout"),
+    (("qualify",), "checkout"),
+    (("qualify", "--hosts", "hosts.yaml"), "elsewhere")], ids=["unknown build", "no inventory", "no qualify folder"])
+def test_a_refused_command_line_leaves_a_junit_error_holding_its_one_line(tmp_path: Path, args: tuple[str, ...],
+                                                                          where: str) -> None:
+    """Exit status 4 with `--junitxml`: the file holds one test case in error whose message is the line the
+    terminal printed, so a pipeline shows the reason instead of "no test report"."""
+    junit = tmp_path / "out" / "junit.xml"
+    status, lines = pytest_run(*args, f"--junitxml={junit}", "--reports-dir", str(tmp_path / "reports"),
+                               cwd=REPO if where == "checkout" else tmp_path)
+    assert status == USAGE_ERROR and len(lines) == 1 and lines[0].startswith("ERROR: "), lines
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite is not None and (suite.get("errors"), suite.get("tests")) == ("1", "1")
+    (case,) = suite.iter("testcase")
+    error = case.find("error")
+    assert error is not None and error.get("message") == lines[0].removeprefix("ERROR: "), lines
+    assert not (tmp_path / "reports").exists()

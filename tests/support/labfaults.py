@@ -105,8 +105,10 @@ def skipped(run: QualifyRun) -> dict[str, str]:
 
 def check_stopped_by_preflight(run: QualifyRun, *checks: str) -> None:
     """The run stopped at its preflight, saying each failure once: the failed `checks` (test names),
-    every scenario test skipped pointing to them, one line in the terminal's tail, and no run folder."""
-    assert run.returncode == 1, run.output[-4000:]
+    every scenario test skipped pointing to them, one line in the terminal's tail, and no run folder; the
+    lab's exit status (6: not a verdict), each failed check an error in JUnit."""
+    assert run.returncode == 6, run.output[-4000:]
+    assert all(run.testcases()[check].find("error") is not None for check in checks), run.output[-4000:]
     assert sorted(failures(run)) == sorted(checks), run.output[-4000:]
     points = ", ".join(f"qualify/test_preflight.py::{check}" for check in checks)
     blocked = {n: why for n, why in skipped(run).items() if not n.startswith(PREFLIGHT_CHECKS)}
