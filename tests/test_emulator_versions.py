@@ -8,15 +8,15 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from cache_qualify.config.command import command_words
 from cache_qualify.config.emulated import VersionPlaces
 from cache_qualify.config.inventory import load_inventory
 from cache_qualify.config.scenario import load_scenario
 from cache_qualify.emulation.predicted import predict_start
-from cache_qualify.emulation.sources import VERSION
+from cache_qualify.emulation.sources import VERSION, StartFacts
 from cache_qualify.trials.runner import scenario_requests
 from tests.support.labfixtures import REPO
-from tests.support.recorded_vllm import EXAMPLE, body
-from tests.test_emulation_predicted import start_facts
+from tests.support.recorded_vllm import EXAMPLE, body, vllm_bodies
 
 RESEND = REPO / "examples" / "vllm-resend.yaml"
 # vLLM's two forms of the line (api_utils.py:327 and its logo template, colours as a terminal formatter adds them)
@@ -28,11 +28,13 @@ LOGO = ("(APIServer pid=30401) INFO 12-01 23:35:20 [api_utils.py:346] \n"
 def predicted(line: str) -> tuple[str, dict[str, str]]:
     """The prediction of examples/vllm.yaml's prefix-caching build from the recorded start's log with `line`
     before it: (the not-predicted line or "", the origins)."""
-    spec = load_inventory(EXAMPLE).measurement.emulator
+    inventory = load_inventory(EXAMPLE)
+    spec = inventory.measurement.emulator
     assert spec is not None and spec.version is not None and spec.version.follows == "0.32.0"
-    requests = scenario_requests(load_scenario(RESEND))
-    record = predict_start(spec, start_facts("prefix-caching", log=line + body("vllm-start.log")), requests,
-                           build="prefix-caching", trial=0, attempt="a")
+    argv = command_words(inventory.server.command, list(inventory.build("prefix-caching").flags))
+    facts = StartFacts(tuple(argv), vllm_bodies("vllm-metrics.txt")[0], line + body("vllm-start.log"))
+    record = predict_start(spec, facts, scenario_requests(load_scenario(RESEND)), build="prefix-caching", trial=0,
+                           attempt="a")
     return record.unreadable or "", dict(record.origins)
 
 
