@@ -46,3 +46,47 @@ def test_the_parameters_the_profile_reads_predict_what_the_real_server_serves(
         (8_192, int(cache_ram), 140)
     predicted = predict(cache.emulator, cache.params, Prompts.of([a, b, a, b])).cached_tokens.tolist()
     assert predicted == measured == cached
+
+
+
+# with no host cache (--cache-ram 0) only the slots hold the conversations: one slot would serve none of
+# the continuations, two serve the first (a's, before c takes the other slot), four serve them all
+SLOTS = [((), (4, True), "8192", [0, 0, 600, 0, 500, 900, 700, 900]),
+         (("--parallel", "2"), (2, False), "8192", [0, 0, 600, 0, 500, 900, 700, 900]),
+         ((), (4, True), "0", [0, 0, 600, 0, 500, 900, 700, 900]),
+         (("--parallel", "2"), (2, False), "0", [0, 0, 600, 0, 0, 0, 0, 0])]
+
+
+@pytest.mark.parametrize(("slots", "layout", "cache_ram", "served"), SLOTS,
+                         ids=["auto-4-unified", "parallel-2", "auto-4-no-host-cache", "parallel-2-no-host-cache"])
+def test_several_slots_serve_a_multi_conversation_slice_as_the_emulator_predicts(
+        model: TinyModel, tmp_path: Path, slots: tuple[str, ...], layout: tuple[int, bool], cache_ram: str,
+        served: list[int]) -> None:
+    """Three conversations whose turns interleave (a, b, a longer, c, b longer, a longer again, c longer, b
+    longer again), one request at a time, on llama-server's default 4 slots sharing one KV buffer (idle slots
+    saved to the host cache and cleared at each new task) and on --parallel 2 (two slots of their own, idle
+    ones saved and kept), with the default host cache and with none: the emulator, under the slots, kv_unified
+    and context the start's log prints, predicts every request's cached tokens exactly (one request at a
+    time, none waits for a slot, so the replay is exact; about a second a start)."""
+    rng = np.random.default_rng(56)
+
+    def turn(n: int) -> list[int]:
+        return [int(t) for t in rng.integers(model.first_id, model.last_id + 1, n)]
+
+    a, b, c = turn(600), turn(500), turn(700)
+    a2, b2, c2 = a + turn(300), b + turn(400), c + turn(200)
+    a3, b3 = a2 + turn(250), b2 + turn(150)
+    prompts = [a, b, a2, c, b2, a3, c2, b3]
+    flags = [*slots, "-t", "1", "-lv", "4", "--cache-ram", cache_ram]
+    binary = llama_server_binary()
+    with running_llama_server(binary, model.path, tmp_path / "server.log", flags) as server, \
+            httpx.Client(base_url=server.base_url, timeout=60) as client:
+        measured = [client.post("/v1/completions", json={"prompt": p, "max_tokens": 1}).json()
+                    ["usage"]["prompt_tokens_details"]["cached_tokens"] for p in prompts]
+    spec = load_profile("llama-cpp").emulator
+    assert spec is not None
+    cache = read_build("real", spec, StartFacts((str(binary), "-m", str(model.path), *flags), log=server.log()))
+    assert isinstance(cache, BuildCache), cache
+    assert (cache.params["n_slots"], cache.params["kv_unified"]) == layout, cache
+    predicted = predict(cache.emulator, cache.params, Prompts.of(prompts)).cached_tokens.tolist()
+    assert predicted == measured == served, (predicted, measured, cache.params)

@@ -24,7 +24,7 @@ import yaml
 from cache_qualify.config.profiles import resolve
 from cache_qualify.emulation.model import Prompts
 from cache_qualify.emulation.registry import predict
-from cache_qualify.emulation.sources import BuildCache, StartFacts, read_build
+from cache_qualify.emulation.sources import VERSION, BuildCache, StartFacts, read_build
 from cache_qualify.trials.exchange import Exchange, RequestShape, exchange
 from cache_qualify.trials.measure import parse_metrics
 from tests.support.llama_server import LlamaServer
@@ -231,5 +231,7 @@ def test_decode_steps_take_blocks_and_evict_as_the_emulator_predicts(vllm: tuple
     cache = read_build("decode", spec, facts)
     assert isinstance(cache, BuildCache) and cache.params["block_size"] == 32, cache
     assert cache.params["num_gpu_blocks"] == 5, cache
+    # the start logs its version (api_utils.py's log_version_and_model), the one the emulator follows
+    assert cache.origins[VERSION].startswith("vLLM 0.32.0 (the log's "), cache.origins
     prediction = predict(cache.emulator, cache.params, Prompts.of(sent, generated))
     assert served == prediction.cached_tokens.tolist() == [0, 0, 32, 0, 0, 0, 0, 0, 0], (served, prediction)

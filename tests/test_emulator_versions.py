@@ -1,0 +1,65 @@
+"""A server version whose rules may differ from the one an emulator follows is never silently predicted: the
+vLLM profile pins 0.32.0 and reads the version a start logs (vllm/entrypoints/serve/utils/api_utils.py:325 of
+0.32.0, `log_version_and_model`: the plain line or the logo's); a start of another version is not predicted, in
+one line naming both, and a start that logs none is predicted as 0.32.0, saying so in its origins."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from cache_qualify.config.command import command_words
+from cache_qualify.config.emulated import VersionPlaces
+from cache_qualify.config.inventory import load_inventory
+from cache_qualify.config.scenario import load_scenario
+from cache_qualify.emulation.predicted import predict_start
+from cache_qualify.emulation.sources import VERSION, StartFacts
+from cache_qualify.trials.runner import scenario_requests
+from tests.support.labfixtures import REPO
+from tests.support.recorded_vllm import EXAMPLE, body, vllm_bodies
+
+RESEND = REPO / "examples" / "vllm-resend.yaml"
+# vLLM's two forms of the line (api_utils.py:327 and its logo template, colours as a terminal formatter adds them)
+PLAIN = "(APIServer pid=30401) INFO 12-01 23:35:20 [api_utils.py:346] vLLM server version %s, serving model tiny\n"
+LOGO = ("(APIServer pid=30401) INFO 12-01 23:35:20 [api_utils.py:346] \n"
+        " \x1b[33m▄▄\x1b[0m \x1b[34m▄█\x1b[0m \x1b[97m█     █     █ ▀▄▀ █\x1b[0m  version \x1b[97m%s\x1b[0m\n")
+
+
+def predicted(line: str) -> tuple[str, dict[str, str]]:
+    """The prediction of examples/vllm.yaml's prefix-caching build from the recorded start's log with `line`
+    before it: (the not-predicted line or "", the origins)."""
+    inventory = load_inventory(EXAMPLE)
+    spec = inventory.measurement.emulator
+    assert spec is not None and spec.version is not None and spec.version.follows == "0.32.0"
+    argv = command_words(inventory.server.command, list(inventory.build("prefix-caching").flags))
+    facts = StartFacts(tuple(argv), vllm_bodies("vllm-metrics.txt")[0], line + body("vllm-start.log"))
+    record = predict_start(spec, facts, scenario_requests(load_scenario(RESEND)), build="prefix-caching", trial=0,
+                           attempt="a")
+    return record.unreadable or "", dict(record.origins)
+
+
+@pytest.mark.parametrize("form", [PLAIN, LOGO], ids=["plain", "logo"])
+def test_a_start_of_another_vllm_version_is_not_predicted_naming_both(form: str) -> None:
+    line, origins = predicted(form % "0.34.0")
+    assert line == ("build prefix-caching: not predicted: vLLM 0.34.0 is not the version its emulator follows "
+                    "(0.32.0)") and origins == {}
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu"])
+def test_a_start_of_the_pinned_version_is_predicted_and_says_so(version: str) -> None:
+    line, origins = predicted(PLAIN % version)
+    assert line == "" and origins[VERSION].startswith(f"vLLM {version} (the log's 'vLLM server version {version}"), \
+        origins
+
+
+def test_a_start_that_logs_no_version_is_predicted_as_the_pinned_one_saying_so() -> None:
+    line, origins = predicted("")
+    assert line == "" and origins[VERSION].startswith("nothing the start states (the start's log (") and \
+        origins[VERSION].endswith("): taken as vLLM 0.32.0, the version its emulator follows"), origins
+    assert origins["num_gpu_blocks"] == "vllm:cache_config_info{num_gpu_blocks=16384}"   # the rest as before
+
+
+def test_a_version_place_is_what_a_start_states_never_a_flag() -> None:
+    with pytest.raises(ValidationError, match=r"a version is what a start states \(a log line or a metric\), "
+                                              r"found the flag --version"):
+        VersionPlaces(server="vLLM", follows="0.32.0", read=[{"flag": "--version"}])
