@@ -85,7 +85,7 @@ def test_a_host_cache_without_a_saved_state_in_the_log_is_not_predicted_naming_t
 def test_sglang_reads_its_resolved_arguments_before_its_flags() -> None:
     cache = read("sglang", ("--page-size", "32", "--radix-eviction-policy", "lru"), SGLANG_LOG)
     assert cache.params == {"page_size": 16, "max_total_num_tokens": 123456, "eviction_policy": "lfu",
-                            "chunked_prefill_size": 8192, "radix_cache": True}
+                            "chunked_prefill_size": 8192, "radix_cache": True, "slru_protected_threshold": 2}
     assert cache.origins["radix_cache"] == "not the log's \"'disable_radix_cache': False\""
     off = read("sglang", (), SGLANG_LOG.replace("'disable_radix_cache': False", "'disable_radix_cache': True"))
     assert off.params["radix_cache"] is False
@@ -99,11 +99,40 @@ def test_sglang_s_flags_serve_where_the_arguments_line_is_missing() -> None:
     assert isinstance(missing, Unreadable) and missing.parameter == "page_size", missing
 
 
+@pytest.mark.parametrize(("argv", "log", "threshold"), [
+    ((), "", 2),
+    (("--radix-eviction-policy-config", '{"protected_threshold": 4}'), "", 4),
+    (("--radix-eviction-policy-config={\"protected_threshold\": 5}",), "", 5),
+    # the resolved dict logs the object (entrypoints/engine.py:311), read before the flag
+    (("--radix-eviction-policy-config", '{"protected_threshold": 4}'),
+     "'radix_eviction_policy_config': {'protected_threshold': 3}", 3),
+])
+def test_sglang_s_slru_threshold_is_read_from_its_policy_config(argv: tuple[str, ...], log: str,
+                                                                threshold: int) -> None:
+    pool = SGLANG_LOG + log
+    cache = read("sglang", ("--radix-eviction-policy", "slru", *argv), pool)
+    assert cache.params["slru_protected_threshold"] == threshold, cache.origins
+
+
+@pytest.mark.parametrize("policy", ["priority", "tlru"])
+def test_an_sglang_policy_the_emulator_does_not_model_is_not_predicted_in_one_line(policy: str) -> None:
+    """Before any start from the flag, and at a start whose resolved arguments name it (a model's override)."""
+    seen = read_before_start("b", spec("sglang"), ("--radix-eviction-policy", policy))
+    assert seen.not_predicted is not None and seen.not_predicted.startswith(
+        "build b: not predicted: --radix-eviction-policy is not modelled (the priority and tlru"), seen
+    log = SGLANG_LOG.replace("'radix_eviction_policy': 'lfu'", f"'radix_eviction_policy': '{policy}'")
+    record = predict_start(spec("sglang"), StartFacts((), log=log), [Request("A", tokens=np.arange(3, 103))],
+                           build="b", trial=0, attempt="a")
+    assert record.cached_tokens == () and record.unreadable.startswith(
+        f"build b: not predicted: --radix-eviction-policy {policy} is not modelled ("), record.unreadable
+    assert "\n" not in record.unreadable
+
+
 @pytest.mark.parametrize(("runtime", "argv", "after"), [
     ("llama-cpp", ("--cache-ram", "0"), ["n_ctx", "n_slots", "kv_unified", "state_bytes_per_token"]),
     # the resolved arguments' line comes before the flags: what the server resolved is what is read
     ("sglang", ("--page-size", "16"), ["page_size", "max_total_num_tokens", "eviction_policy",
-                                       "chunked_prefill_size", "radix_cache"]),
+                                       "slru_protected_threshold", "chunked_prefill_size", "radix_cache"]),
     ("vllm", ("--block-size", "16"), ["num_gpu_blocks"]),
 ])
 def test_the_preflight_lists_what_only_a_start_gives(runtime: str, argv: tuple[str, ...], after: list[str]) -> None:

@@ -8,19 +8,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
 from cache_qualify.config.command import command_words
 from cache_qualify.config.inventory import load_inventory
 from cache_qualify.config.scenario import load_scenario
-from cache_qualify.emulation.predicted import predict_start
+from cache_qualify.emulation.predicted import predict_start, request_checks
 from cache_qualify.emulation.registry import emulator, parameters
 from cache_qualify.cli import main
 from cache_qualify.config.profiles import load_profile
 from cache_qualify.emulation.sources import StartFacts, read_some
 from cache_qualify.errors import EmulationError
 from cache_qualify.trials.runner import scenario_requests
+from cache_qualify.samples.store import ALL
 from tests.support.labfixtures import REPO, run_qualify, write_inventory
 from tests.support.policy_dropping_server import dropped
 
@@ -54,6 +56,29 @@ def test_the_flare_profile_reads_the_row_cache_from_the_builds_command() -> None
     plain = predict_start(spec, facts("set4", flags=("--host-system-share", "40")), requests, build="p", trial=0,
                           attempt="b")
     assert plain.params["policy"] == "set4" and plain.origins["policy"] == "the runtime's default set4 (no --sim-policy)"
+
+
+def test_the_row_cache_s_band_is_its_kind_s_first_reads_2_4_points_re_reads_1_5() -> None:
+    """The study's emulation sat up to 2.4 points from its first reads and within 1.5 of its re-reads: each
+    request is held to its kind's band (a re-read: most of its content sent before in the start, a new
+    start's fresh opening notwithstanding), so a re-read 2 points off fails where a first read passes; a band
+    the lab states holds for every kind."""
+    spec = load_profile("flare").emulator
+    assert spec is not None
+    spec = spec.model_copy(update={"established": True})   # as if the lab had established the profile's bands
+    requests = scenario_requests(load_scenario(SCENARIOS / "reread-1g.yaml"))
+    record = predict_start(spec, facts("two_choice"), requests, build="two_choice", trial=0, attempt="a",
+                           declared=("two_choice", {"policy": "two_choice", "prefill_chunk": 4096}))
+    assert record.tolerances == (0.024, 0.015, 0.024, 0.015, 0.015) and record.tolerance == 0.024, record
+    off = {r: (record.hit_rate(r) or 0.0) - 0.02 for r in record.requests}   # every request 2 points low
+    samples = pd.DataFrame({"attempt": "a", "request": list(off), "metric": "hit_rate", "host": ALL,
+                            "value": list(off.values())})
+    outcomes = {c.request: c.check.outcome for c in request_checks([record], samples)["two_choice"]}
+    assert outcomes == {"A": "passed", "B": "passed", **dict.fromkeys(RE_READS, "failed")}, outcomes
+    lab = spec.model_copy(update={"band": 0.03, "bands": None})   # the inventory's `emulator: {band: 0.03}`
+    assert predict_start(lab, facts("two_choice"), requests, build="two_choice", trial=0, attempt="a",
+                         declared=("two_choice", {"policy": "two_choice", "prefill_chunk": 4096})
+                         ).tolerances == (0.03,) * 5
 
 
 def test_the_study_runtime_s_profile_never_reads_the_simulated_lab_s_flags() -> None:
@@ -178,4 +203,6 @@ def test_a_lab_of_the_study_s_runtime_that_declares_each_build_s_policy_passes_i
         skipped.get("message") or ""), run.output[-4000:]
     two_choice = [c for c in predictions(run.run_dir()) if c["build"] == "two_choice"]
     assert len(two_choice) == 5 and {c["outcome"] for c in two_choice} <= {"passed", "warning"}, two_choice
-    assert all(c["tolerance"] == 0.024 for c in two_choice), two_choice
+    # the profile's band per kind: 2.4 points on a first read, 1.5 on a re-read
+    assert {c["request"]: c["tolerance"] for c in two_choice} == {
+        "A": 0.024, "B": 0.024, **dict.fromkeys(RE_READS, 0.015)}, two_choice

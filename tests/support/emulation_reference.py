@@ -15,21 +15,21 @@ class _Seg:
         self.key, self.parent = key, parent
         self.kids: dict[Tokens, _Seg] = {}
         self.lock = 0
-        self.seen = self.born = now
+        self.seen = now
         self.hits = 0
 
 
-RANK: dict[str, Callable[[_Seg], tuple[int, ...]]] = {
-    "lru": lambda s: (s.seen,), "lfu": lambda s: (s.hits, s.seen), "fifo": lambda s: (s.born,),
-    "mru": lambda s: (-s.seen,), "filo": lambda s: (-s.born,), "slru": lambda s: (int(s.hits >= 2), s.seen)}
+RANK: dict[str, Callable[[int], Callable[[_Seg], tuple[int, ...]]]] = {
+    "lru": lambda _: lambda s: (s.seen,), "lfu": lambda _: lambda s: (s.hits, s.seen),
+    "slru": lambda threshold: lambda s: (int(s.hits >= threshold), s.seen)}
 
 
 class ReferenceRadix:
     """SGLang's RadixCache one request at a time, on token tuples."""
 
-    def __init__(self, page: int, capacity_tokens: int, policy: str) -> None:
+    def __init__(self, page: int, capacity_tokens: int, policy: str, threshold: int = 2) -> None:
         self.page, self.capacity = page, capacity_tokens // page * page
-        self.rank = RANK[policy]
+        self.rank = RANK[policy](threshold)
         self.now = 0
         self.root = _Seg((), None, 0)
         self.root.lock = 1
