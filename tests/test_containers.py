@@ -133,7 +133,7 @@ def test_a_tag_moved_after_the_run_resolved_it_never_reaches_a_start(tmp_path: P
     group, run_dir = inventory.groups_resolved()[0], tmp_path / "run"
     runfolder.write_plan(run_dir, Plan(run_id="moved", seed=0, builds={
         "served": BuildRecord(build="served", role="baseline and candidate", path=reference, source="image")}))
-    with Lab(inventory, group, run_id="moved", images=resolved_images(runfolder.read_plan(run_dir))) as lab:
+    with Lab(inventory, group, run_id="moved", images=resolved_images(run_dir)) as lab:
         record_digests(run_dir, lab)
         _, second = registry.push_rootfs("cq-moving", "pr", {**files, "/www/health": b"moved\n"})
         assert second != first
@@ -143,7 +143,7 @@ def test_a_tag_moved_after_the_run_resolved_it_never_reaches_a_start(tmp_path: P
             images = containers.podman("ps", "--filter", "label=cache-qualify.run=moved", "--format",
                                        "{{.Image}}").stdout.split()
             assert len(images) == 2 and all(i.endswith(f"@{first}") for i in images), (images, first)
-    with Lab(inventory, group, run_id="moved", images=resolved_images(runfolder.read_plan(run_dir))) as later:
+    with Lab(inventory, group, run_id="moved", images=resolved_images(run_dir)) as later:
         assert f"sha256:{later.builds.identities['served'].digest}" == first
     with Lab(inventory, group, run_id="moved") as racing, pytest.raises(BuildError, match=(
             rf"^host a: build 'served': {re.escape(reference)} resolved to {second} here, but to {first} earlier in "

@@ -114,7 +114,8 @@ def test_the_run_exits_with_the_outcome_it_recorded_and_junit_shows_it(default_r
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     assert suite is not None
     properties = {p.get("name"): p.get("value") for p in suite.findall("properties/property")}
-    assert properties == {"run_outcome": "pass", "exit_status": "0", "mode": "gate", "outcome[reread-1g]": "pass"}
+    assert properties == {"run_outcome": "pass", "exit_status": "0", "mode": "gate", "outcome[reread-1g]": "pass",
+                          "build[set4].source": "path", "build[two_choice].source": "path"}   # paths with no digest
 
 
 @ON_THE_DEFAULT_RUN

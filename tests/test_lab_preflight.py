@@ -111,7 +111,9 @@ def test_the_real_preflight_names_the_build_and_the_flag_in_one_line(tmp_path: P
     # JUnit's message attribute is cut at a length (pytest adds "[truncated; full report in element
     # text]"), which a long inventory path passes: the whole line stands in the element's text
     report = failed(run, "test_build_flags").splitlines()
-    assert report[0].startswith(f"Failed: ConfigError: {path}: server.command: builds "), report[0]
+    # a lab error is reported as pytest reports an error: `failed on setup with "<the message>"`
+    assert report[0].removeprefix('failed on setup with "').startswith(
+        f"Failed: ConfigError: {path}: server.command: builds "), report[0]
     assert f"ConfigError: {missing_flag_line(path)}" in report, report
 
 
@@ -166,7 +168,8 @@ def test_the_real_preflight_lists_the_parameters_only_a_start_gives(tmp_path: Pa
     assert run.returncode == 0, run.output[-4000:]
     case = run.testcases()["test_build_flags"]
     listed = [p.get("value") for p in case.iter("property") if p.get("name") == "emulator_after_start"]
-    later = ("read after the start: `n_ctx` from the start's log ('n_ctx_slot = (\\\\d+)'), `state_bytes_per_token` "
-             "from the start's log ('saving prompt with length (?P<per>\\\\d+), total state size = "
-             "(?P<value>[\\\\d.]+) MiB')")
+    later = ("read after the start: `n_ctx` from the start's log ('n_ctx_slot = (\\\\d+)'), `n_slots` from the "
+             "start's log ('initializing, n_slots = (\\\\d+)'), `kv_unified` from the start's log (\"kv_unified = "
+             "'(true|false)'\"), `state_bytes_per_token` from the start's log ('saving prompt with length "
+             "(?P<per>\\\\d+), total state size = (?P<value>[\\\\d.]+) MiB')")
     assert listed == [f"build no-ram-cache: {later}", f"build ram-cache: {later}"], listed
