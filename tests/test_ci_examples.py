@@ -22,6 +22,7 @@ from tests.support.labfixtures import REPO, small_scenario
 
 EXAMPLES = REPO / "examples" / "ci"
 GITLAB = {"GITLAB_CI": "true", "CI": "true", "CI_COMMIT_SHA": "0123456789abcdef0123456789abcdef01234567",
+          "CI_COMMIT_SHORT_SHA": "01234567",
           "CI_COMMIT_REF_NAME": "rowcache-two-choice", "CI_PIPELINE_ID": "8841", "CI_JOB_ID": "99",
           "CI_JOB_URL": "https://gitlab.example/lab/runtime/-/jobs/99", "CI_MERGE_REQUEST_IID": "17",
           "CI_PIPELINE_SOURCE": "merge_request_event"}
@@ -45,7 +46,10 @@ def repository(tmp_path: Path, name: str, venv: FreshEnvironment) -> Path:
     """A runtime's repository holding only the lab's inventory, in lab/hosts.yaml."""
     root = tmp_path / name
     root.mkdir()
-    lab_folder(root / "lab", venv.package_file(tmp_path, "cache_qualify").parent / "sim" / "server.py")
+    server = venv.package_file(tmp_path, "cache_qualify").parent / "sim" / "server.py"
+    lab_folder(root / "lab", server)
+    (root / "out").mkdir()   # the build job's artifact: the pull request's server, staged onto every host
+    (root / "out" / "flare-server").write_bytes(server.read_bytes() + f"# {name}\n".encode())
     return root
 
 
@@ -68,6 +72,17 @@ def check_run(root: Path, run_id: str, pipeline: dict[str, str]) -> None:
     assert "**May merge**" in comment and "Predicted beside measured" in comment and "| PASS |" in comment, comment
 
 
+def staged(root: Path, build: str) -> None:
+    """The candidate was the build job's artifact, given whole on the command line: staged by its sha256, whose
+    digest JUnit records for the arm."""
+    import hashlib
+
+    junit = ET.parse(root / "junit.xml").getroot()
+    suite = {p.get("name"): p.get("value") for p in junit.iter("property")}
+    assert suite.get(f"build[{build}].source") == "artifact", suite
+    assert suite.get(f"build[{build}].digest") == hashlib.sha256((root / "out" / "flare-server").read_bytes()).hexdigest()
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("wheel")
 def test_the_ci_examples_run_as_written(tmp_path: Path, installed_gate: FreshEnvironment, built_wheel: Path) -> None:
@@ -80,6 +95,7 @@ def test_the_ci_examples_run_as_written(tmp_path: Path, installed_gate: FreshEnv
     done = run_lines(installed_gate, job["script"], root, {**GITLAB, **literal(job["variables"]), **given})
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     check_run(root, "8841-99", {"commit": GITLAB["CI_COMMIT_SHA"], "merge_request": "17"})
+    staged(root, "mr-01234567")
 
     workflow = yaml.safe_load((EXAMPLES / "github-workflow.yml").read_text())["jobs"]["qualify"]
     root = repository(tmp_path, "github", installed_gate)
@@ -90,6 +106,7 @@ def test_the_ci_examples_run_as_written(tmp_path: Path, installed_gate: FreshEnv
             done = run_lines(installed_gate, [step["run"]], root, env)
             assert done.returncode == 0, (step["name"], (done.stdout + done.stderr)[-6000:])
     check_run(root, "7001-1", {"commit": GITHUB["GITHUB_SHA"], "merge_request": "42"})
+    staged(root, "pr-fedcba98")
     assert summary.read_text().startswith("# cache-qualify run `7001-1`: PASS"), summary.read_text()[:500]
     commented = next(s for s in workflow["steps"] if "sticky-pull-request-comment" in s.get("uses", ""))
     assert re.sub(r"\$\{\{ github\.run_(id|attempt) \}\}", lambda m: {"id": "7001", "attempt": "1"}[m[1]],
