@@ -223,6 +223,19 @@ def test_llama_cache_ram_restores_an_earlier_prompt_the_slot_lost() -> None:
     assert cached("llama-slot", workload, n_ctx=4096, cache_ram_mib=1, state_bytes_per_token=too_big)[-1] == 0
 
 
+def test_llama_host_cache_holds_the_whole_context_not_a_slots() -> None:
+    """Two slots of 1,024 cells each (-np 2 -c 2048, no unified buffer) and an unlimited --cache-ram: the host
+    cache's token limit is the server's context, 2,048 (server-context.cpp:1097 and :1340), so the first
+    conversation's saved 600 tokens outlive the second's save and are restored for its continuation; a limit of
+    one slot's 1,024 would have dropped them (0 cached)."""
+    a, b, c = ([*range(k * 1000, k * 1000 + 600)] for k in (1, 2, 3))
+    two_slots = {"n_ctx": 1024, "cache_ram_mib": -1, "state_bytes_per_token": 1, "n_slots": 2, "kv_unified": False}
+    assert cached("llama-slot", [a, b, c, a + [7] * 10], **two_slots) == [0, 0, 0, 600]
+    assert cached("llama-slot", [a, b, c, a + [7] * 10], **two_slots, n_ctx_total=1024) == [0, 0, 0, 0]
+    # one buffer shared by the slots: each may use all of it, so the context is the slot's
+    assert LlamaSlotCache(**{**two_slots, "kv_unified": True}).context_tokens == 1024  # type: ignore[arg-type]
+
+
 # The real llama-server's measured cached tokens with one slot (tests/support/LLAMA_SERVER.md, checked
 # against the server by tests/test_llama_server.py::test_what_each_cache_flag_reuses): fresh 5,000-token
 # prompts; the tiny model's state is 700,048 bytes at 5,000 tokens ("failed to restore state with size").

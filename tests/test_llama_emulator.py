@@ -90,3 +90,27 @@ def test_several_slots_serve_a_multi_conversation_slice_as_the_emulator_predicts
     assert (cache.params["n_slots"], cache.params["kv_unified"]) == layout, cache
     predicted = predict(cache.emulator, cache.params, Prompts.of(prompts)).cached_tokens.tolist()
     assert predicted == measured == served, (predicted, measured, cache.params)
+
+
+def test_the_host_cache_holds_the_servers_whole_context_as_the_emulator_predicts(
+        model: TinyModel, tmp_path: Path) -> None:
+    """--parallel 2 with -c 2048 (two slots of 1,024 cells, no unified buffer) and no size limit on the host
+    cache (--cache-ram -1), three conversations then the first's continuation: the cache's token limit is the
+    whole context, 2,048 tokens, as llama_context prints it at -lv 4, so the first conversation's saved prompt
+    outlives the second's save and is restored (600 cached); a slot's 1,024 would have dropped it (0)."""
+    rng = np.random.default_rng(57)
+    a, b, c = ([int(t) for t in rng.integers(model.first_id, model.last_id + 1, 600)] for _ in range(3))
+    prompts = [a, b, c, a + [int(t) for t in rng.integers(model.first_id, model.last_id + 1, 10)]]
+    flags = ["--parallel", "2", "-c", "2048", "-t", "1", "-lv", "4", "--cache-ram", "-1"]
+    binary = llama_server_binary()
+    with running_llama_server(binary, model.path, tmp_path / "server.log", flags) as server, \
+            httpx.Client(base_url=server.base_url, timeout=60) as client:
+        measured = [client.post("/v1/completions", json={"prompt": p, "max_tokens": 1}).json()
+                    ["usage"]["prompt_tokens_details"]["cached_tokens"] for p in prompts]
+    spec = load_profile("llama-cpp").emulator
+    assert spec is not None
+    cache = read_build("real", spec, StartFacts((str(binary), "-m", str(model.path), *flags), log=server.log()))
+    assert isinstance(cache, BuildCache), cache
+    assert (cache.params["n_ctx"], cache.params["n_slots"], cache.params["n_ctx_total"]) == (1_024, 2, 2_048)
+    predicted = predict(cache.emulator, cache.params, Prompts.of(prompts)).cached_tokens.tolist()
+    assert predicted == measured == [0, 0, 0, 600], (predicted, measured, cache.params)
