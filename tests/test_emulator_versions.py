@@ -1,7 +1,9 @@
 """A server version whose rules may differ from the one an emulator follows is never silently predicted: the
 vLLM profile pins 0.32.0 and reads the version a start logs (vllm/entrypoints/serve/utils/api_utils.py:325 of
 0.32.0, `log_version_and_model`: the plain line or the logo's); a start of another version is not predicted, in
-one line naming both, and a start that logs none is predicted as 0.32.0, saying so in its origins."""
+one line naming both, and a start that logs none is predicted as 0.32.0, saying so in its origins. The llama-cpp
+profile pins the llama.cpp commit llama-cpp-python 0.3.36 vendors (0c1e57098) and reads the commit a start prints
+at -lv 4 (common/common.cpp:402); a build without git (build 0, unknown) is taken as the pinned one, saying so."""
 
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ from pydantic import ValidationError
 from cache_qualify.config.command import command_words
 from cache_qualify.config.emulated import VersionPlaces
 from cache_qualify.config.inventory import load_inventory
+from cache_qualify.config.profiles import load_profile
 from cache_qualify.config.scenario import load_scenario
 from cache_qualify.emulation.predicted import predict_start
-from cache_qualify.emulation.sources import VERSION, StartFacts
+from cache_qualify.emulation.sources import VERSION, BuildCache, StartFacts, Unreadable, read_build
 from cache_qualify.trials.runner import scenario_requests
 from tests.support.labfixtures import REPO
 from tests.support.recorded_vllm import EXAMPLE, body, vllm_bodies
@@ -63,3 +66,36 @@ def test_a_version_place_is_what_a_start_states_never_a_flag() -> None:
     with pytest.raises(ValidationError, match=r"a version is what a start states \(a log line or a metric\), "
                                               r"found the flag --version"):
         VersionPlaces(server="vLLM", follows="0.32.0", read=[{"flag": "--version"}])
+
+
+# llama.cpp: the llama-cpp profile pins the commit llama-cpp-python 0.3.36 vendors (0c1e57098, its CHANGELOG.md)
+# and reads the one a start prints at -lv 4 (common/common.cpp:402, as the real llama-server 0.3.36 build prints
+# it); a build without git prints "build 0 (unknown)"
+LLAMA_BUILD = "0.00.032.014 I cmn  common_param: common_params_print_info: build %s with GNU 12.2.0 for Linux x86_64\n"
+LLAMA_SLOTS = "0.00.987.500 I srv    load_model: initializing, n_slots = 1, n_ctx_slot = 8192, kv_unified = 'false'\n"
+
+
+def llama_read(build: str) -> Unreadable | BuildCache:
+    spec = load_profile("llama-cpp").emulator
+    assert spec is not None and spec.version is not None and spec.version.follows == "0c1e57098"
+    return read_build("b", spec, StartFacts(("llama-server", "--cache-ram", "0"), log=LLAMA_BUILD % build +
+                                            LLAMA_SLOTS))
+
+
+@pytest.mark.parametrize("build", ["7350 (0c1e57098)", "7350 (0c1e570981f2)"], ids=["short", "longer-hash"])
+def test_a_llama_server_of_the_pinned_commit_is_predicted(build: str) -> None:
+    cache = llama_read(build)
+    assert isinstance(cache, BuildCache) and cache.origins[VERSION].startswith(
+        f"llama.cpp {build.split('(')[1][:-1]} (the log's"), cache
+
+
+def test_a_llama_server_of_another_commit_is_not_predicted_naming_both() -> None:
+    cache = llama_read("7400 (4df29be4f)")   # llama-cpp-python 0.3.35's llama.cpp
+    assert isinstance(cache, Unreadable) and cache.line == (
+        "build b: not predicted: llama.cpp 4df29be4f is not the version its emulator follows (0c1e57098)"), cache
+
+
+def test_a_llama_server_built_without_git_is_taken_as_the_pinned_commit_saying_so() -> None:
+    cache = llama_read("0 (unknown)")
+    assert isinstance(cache, BuildCache) and cache.origins[VERSION].endswith(
+        "taken as llama.cpp 0c1e57098, the version its emulator follows"), cache
