@@ -42,7 +42,7 @@ def test_llama_server_s_defaults_fill_what_its_flags_leave_out_and_the_log_gives
     cache = read("llama-cpp", ("llama-server", "-np", "1"), LLAMA_LOG)
     assert cache.params == {"n_ctx": 8192, "cache_ram_mib": 8192, "slot_prompt_similarity": 0.1,
                             "cache_prompt": True, "n_slots": 1, "kv_unified": False, "cache_idle_slots": True,
-                            "state_bytes_per_token": 140}
+                            "state_bytes_per_token": 140, "n_ctx_total": 0}
     assert cache.origins["cache_ram_mib"] == "the runtime's default 8192 (no --cache-ram)"
     assert cache.origins["state_bytes_per_token"] == ("the log's 'saving prompt with length 5000, total state "
                                                       "size = 0.668 MiB'")
@@ -129,7 +129,8 @@ def test_an_sglang_policy_the_emulator_does_not_model_is_not_predicted_in_one_li
 
 
 @pytest.mark.parametrize(("runtime", "argv", "after"), [
-    ("llama-cpp", ("--cache-ram", "0"), ["n_ctx", "n_slots", "kv_unified", "state_bytes_per_token"]),
+    ("llama-cpp", ("--cache-ram", "0"), ["n_ctx", "n_slots", "kv_unified", "n_ctx_total",
+                                             "state_bytes_per_token"]),
     # the resolved arguments' line comes before the flags: what the server resolved is what is read
     ("sglang", ("--page-size", "16"), ["page_size", "max_total_num_tokens", "eviction_policy",
                                        "slru_protected_threshold", "chunked_prefill_size", "radix_cache"]),
@@ -218,4 +219,5 @@ def test_before_any_start_a_log_s_default_is_not_taken() -> None:
     """Without a start's log the state size is unknown, not 0: plan --predict asks for it."""
     reading = read_some(spec("llama-cpp"), StartFacts(("--cache-ram", "8192")))
     assert reading.params["cache_ram_mib"] == 8192, reading
-    assert set(reading.missing) == {"n_ctx", "kv_unified", "state_bytes_per_token"}, reading.missing
+    assert set(reading.missing) == {"n_ctx", "kv_unified", "n_ctx_total", "state_bytes_per_token"}, \
+        reading.missing

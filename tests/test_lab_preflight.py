@@ -170,6 +170,7 @@ def test_the_real_preflight_lists_the_parameters_only_a_start_gives(tmp_path: Pa
     listed = [p.get("value") for p in case.iter("property") if p.get("name") == "emulator_after_start"]
     later = ("read after the start: `n_ctx` from the start's log ('n_ctx_slot = (\\\\d+)'), `n_slots` from the "
              "start's log ('initializing, n_slots = (\\\\d+)'), `kv_unified` from the start's log (\"kv_unified = "
-             "'(true|false)'\"), `state_bytes_per_token` from the start's log ('saving prompt with length "
+             "'(true|false)'\"), `n_ctx_total` from the start's log ('llama_context: n_ctx += *(\\\\d+)'), "
+             "`state_bytes_per_token` from the start's log ('saving prompt with length "
              "(?P<per>\\\\d+), total state size = (?P<value>[\\\\d.]+) MiB')")
     assert listed == [f"build no-ram-cache: {later}", f"build ram-cache: {later}"], listed
