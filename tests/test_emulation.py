@@ -165,14 +165,26 @@ def test_sglang_asks_a_page_more_than_a_paged_request_needs(page_size: int, serv
     assert cached("sglang-radix", [first, second, first], page_size=page_size, max_total_num_tokens=12) == served
 
 
-def test_a_prompt_sglang_prefills_in_chunks_is_a_band_s_centre_not_exact() -> None:
-    """SGLang inserts each chunk of a prompt over --chunked-prefill-size into the tree (managers/scheduler.py,
-    mem_cache/common.py of 0.5.23), which the emulator does not model: such a workload is not exact."""
-    prompts = Prompts.of([list(range(100)), list(range(30))])
+@pytest.mark.parametrize(("chunk", "served"), [(-1, 0), (8, 8)], ids=["whole", "chunks-of-8"])
+def test_sglang_evicts_a_chunked_prompt_s_last_chunk_and_keeps_its_first(chunk: int, served: int) -> None:
+    """4-token pages, a 20-token pool, prompts of 16, 4, then the first 16 again. Prefilled in chunks of 8
+    (--chunked-prefill-size 8), the first prompt is inserted into the tree a chunk at a time (SGLang 0.5.23,
+    mem_cache/common.py checkpoint_kv_cache, radix_cache.py:510-543): two nodes of two pages, so the 4-token
+    prompt's allocation (its page and one more, a page short) evicts the last chunk's leaf only and the third
+    request is served the first chunk, 8 tokens; inserted whole, the prompt is one leaf, evicted whole (0)."""
+    first, second = list(range(100, 116)), list(range(200, 204))
+    assert cached("sglang-radix", [first, second, first], page_size=4, max_total_num_tokens=20,
+                  chunked_prefill_size=chunk) == [0, 0, served]
+
+
+def test_chunks_change_only_what_an_eviction_takes() -> None:
+    """Without eviction a chunked prompt ends in the tree as it would whole: the prediction is the same, and as
+    exact (the warm-up's leaves aside: they matter only once the pool evicts)."""
+    prompts = Prompts.of([list(range(100)), list(range(30)), list(range(90))])
     params = {"page_size": 4, "max_total_num_tokens": 1000}
-    assert predict("sglang-radix", params, prompts).exact
-    assert predict("sglang-radix", {**params, "chunked_prefill_size": 100}, prompts).exact
-    assert not predict("sglang-radix", {**params, "chunked_prefill_size": 64}, prompts).exact
+    whole, chunked = (predict("sglang-radix", {**params, "chunked_prefill_size": c}, prompts) for c in (-1, 16))
+    assert whole.cached_tokens.tolist() == chunked.cached_tokens.tolist() == [0, 28, 88]
+    assert whole.exact and chunked.exact
 
 
 def test_sglang_s_slru_protects_from_the_threshold_its_config_sets() -> None:
