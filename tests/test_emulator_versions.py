@@ -99,3 +99,40 @@ def test_a_llama_server_built_without_git_is_taken_as_the_pinned_commit_saying_s
     cache = llama_read("0 (unknown)")
     assert isinstance(cache, BuildCache) and cache.origins[VERSION].endswith(
         "taken as llama.cpp 0c1e57098, the version its emulator follows"), cache
+
+
+# SGLang: no log line states the version; /server_info does (entrypoints/http_server.py:863-889 of 0.5.23), asked
+# once the start is ready and kept beside its log (StartFacts.reply)
+SGLANG_LOG = ("[2026-12-01 10:00:00] server_args={'schedule': {'page_size': 16}, 'memory': {'radix_eviction_policy': "
+              "'lru', 'disable_radix_cache': False}}\n[2026-12-01 10:00:09 TP0] max_total_num_tokens=123456, "
+              "chunked_prefill_size=8192, max_prefill_tokens=16384\n")
+
+
+def sglang_read(reply: str) -> Unreadable | BuildCache:
+    spec = load_profile("sglang").emulator
+    assert spec is not None and spec.version is not None and spec.version.follows == "0.5.23"
+    return read_build("b", spec, StartFacts(("sglang", "serve"), log=SGLANG_LOG, reply=reply))
+
+
+def test_an_sglang_start_of_another_version_is_not_predicted_naming_both() -> None:
+    cache = sglang_read("0.5.18")
+    assert isinstance(cache, Unreadable) and cache.line == (
+        "build b: not predicted: SGLang 0.5.18 is not the version its emulator follows (0.5.23)"), cache
+
+
+def test_an_sglang_start_of_the_pinned_version_is_predicted_saying_where_it_was_read() -> None:
+    cache = sglang_read("0.5.23\n")
+    assert isinstance(cache, BuildCache) and cache.origins[VERSION] == "SGLang 0.5.23 (GET /server_info version)"
+
+
+def test_an_sglang_start_that_answered_no_version_is_taken_as_the_pinned_one_saying_so() -> None:
+    cache = sglang_read("")
+    assert isinstance(cache, BuildCache) and cache.origins[VERSION] == (
+        "nothing the start states (GET /server_info version): taken as SGLang 0.5.23, the version its emulator "
+        "follows"), cache
+
+
+def test_a_version_needs_a_place_a_start_states_it_in() -> None:
+    with pytest.raises(ValidationError, match=r"a version needs a place a start states it in: `read` \(a log "
+                                              r"line or a metric\) or `reply` \(a GET and its field\)"):
+        VersionPlaces(server="SGLang", follows="0.5.23")
