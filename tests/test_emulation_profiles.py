@@ -202,6 +202,7 @@ def test_a_build_reusing_chunks_by_kv_shifting_is_not_predicted_saying_why() -> 
     ("sglang", ("--enable-hierarchical-cache",), "--enable-hierarchical-cache"),
     ("sglang", ("--hicache-storage-backend", "file"), "--hicache-storage-backend"),
     ("sglang", ("--enable-lmcache",), "--enable-lmcache"),
+    ("sglang", ("--enable-flexkv",), "--enable-flexkv"),
     ("llama-cpp", ("--slot-save-path", "/tmp/slots"), "--slot-save-path"),
 ])
 def test_a_cache_no_emulator_models_is_not_predicted_in_one_line(runtime: str, argv: tuple[str, ...],
