@@ -177,6 +177,21 @@ def test_sglang_evicts_a_chunked_prompt_s_last_chunk_and_keeps_its_first(chunk: 
                   chunked_prefill_size=chunk) == [0, 0, served]
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_chunked_replays_that_evict_nothing_serve_what_whole_ones_do(seed: int) -> None:
+    """Random workloads under every modelled policy, chunks of 1 to 5 pages, a pool none of them fills: the chunk
+    boundaries split nodes but free nothing, so every request is served what it is served prefilled whole."""
+    rng = np.random.default_rng(560 + seed)
+    for _ in range(20):
+        raw = random_prompts(rng, count=int(rng.integers(1, 25)), longest=60, vocabulary=2)
+        params = {"page_size": int(rng.choice([1, 2, 4])), "max_total_num_tokens": 10_000,
+                  "eviction_policy": str(rng.choice(["lru", "lfu", "slru"]))}
+        chunk = int(rng.integers(1, 6)) * params["page_size"]  # type: ignore[operator]
+        whole = predict("sglang-radix", params, Prompts.of(raw))
+        chunked = predict("sglang-radix", {**params, "chunked_prefill_size": chunk}, Prompts.of(raw))
+        assert chunked.cached_tokens.tolist() == whole.cached_tokens.tolist() and chunked.evicted == 0
+
+
 def test_chunks_change_only_what_an_eviction_takes() -> None:
     """Without eviction a chunked prompt ends in the tree as it would whole: the prediction is the same, and as
     exact (the warm-up's leaves aside: they matter only once the pool evicts)."""
