@@ -285,3 +285,24 @@ def test_the_synthesis_benchmark_prints_both_times_and_their_ratio(capsys: pytes
     assert fast and plain and ratio, out
     f, p, half = float(fast[1]), float(plain[1]), 0.0005   # each time printed to the millisecond
     assert (p - half) / (f + half) - 0.05 <= float(ratio[1]) <= (p + half) / max(f - half, 1e-9) + 0.05
+
+
+def test_a_trace_is_read_and_synthesized_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The setup's check, each runner and the predictor take one resolved trace: the file is read once per
+    process for one scenario and one version of the file, again when the file changes."""
+    import cache_qualify.workload.trace as resolving
+
+    reads: list[Path] = []
+
+    def counted(path: Path, **options: object) -> object:
+        reads.append(Path(path))
+        return read_records(path, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(resolving, "read_records", counted)
+    write_trace(tmp_path, [mooncake(i * 100, 1024, [i % 5, 10 + i]) for i in range(12)])
+    scenario_file = write_file(tmp_path, TRACE_SCENARIO, "replay.yaml")
+    at_setup = scenario_trace(load_scenario(scenario_file))
+    by_runners = [scenario_trace(load_scenario(scenario_file)) for _ in range(3)]   # each loads its own copy
+    assert all(trace is at_setup for trace in by_runners) and reads == [tmp_path / "trace.jsonl"]
+    write_trace(tmp_path, [mooncake(i * 100, 1024, [i % 5, 10 + i]) for i in range(13)])   # another version
+    assert len(scenario_trace(load_scenario(scenario_file)).requests) == 13 and len(reads) == 2
