@@ -27,8 +27,8 @@ from cache_qualify.trials.exchange import RequestShape
 from cache_qualify.trials.figures import delta
 from cache_qualify.trials.measure import MetricScraper, Snapshot
 from cache_qualify.trials.replay import Arrival
-from cache_qualify.workload.trace import Trace, scenario_trace
-from cache_qualify.trials.tracetrial import TraceReplay, parts, run_trace_replay
+from cache_qualify.workload.trace import Trace, parts, scenario_trace
+from cache_qualify.trials.tracetrial import TraceReplay, run_trace_replay
 from tests.support.labfixtures import committed_inventory, run_qualify, write_inventory
 from tests.support.simrank import SimRank, sim_rank
 
