@@ -6,14 +6,19 @@ usage counts the prompt actually posted; each test bends one part of it.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
+import re
 import time
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 
 from cache_qualify.trials.client import CompletionResult, CompletionsClient
+from cache_qualify.trials.exchange import Exchange, RequestShape, exchange
 from cache_qualify.errors import InvalidResponse, PrefixReuse, RequestFailed, RequestTimeout
 from tests.support.httpfixtures import Reply, Request, StubServer, json_reply
 
@@ -117,6 +122,43 @@ def test_a_malformed_response_names_host_and_what_is_wrong(
         with pytest.raises(InvalidResponse, match=r"^host 127\.0\.0\.21 rank 0: request 'A': "
                                                   r"malformed completions response: .*" + problem):
             client.complete("A", PROMPT, forbid_cached=CACHED)
+
+
+def answering(document: dict[str, Any]) -> Callable[[Request], Reply]:
+    """A server that answers `document` whole, or streamed where the request asks (one token's chunk,
+    the usage's chunk, then [DONE], as vLLM streams)."""
+    def respond(request: Request) -> Reply:
+        if not request.json().get("stream"):
+            return json_reply(document)
+        chunks = ({**document, "usage": None}, {**document, "choices": []})
+        body = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+        return Reply(body=body, content_type="text/event-stream")
+    return respond
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_a_prompt_length_the_server_miscounts_is_refused_alike_by_both_clients(rank0: StubServer,
+                                                                               stream: bool) -> None:
+    # the one-at-a-time client and the replay's client read a response in one place, with one strictness
+    rank0.serve(PATH, answering(completion(len(PROMPT) + 1)))
+    refusal = r"usage\.prompt_tokens is 11, expected 10 \(the number of prompt tokens sent\)"
+    with client_for(rank0) as client:
+        with pytest.raises(InvalidResponse, match=r"^host 127\.0\.0\.21 rank 0: request 'A': malformed "
+                                                  r"completions response: " + refusal + "$"):
+            client.complete("A", PROMPT)
+
+    async def replayed() -> Exchange:
+        async with httpx.AsyncClient(base_url=rank0.url) as pool:
+            return await exchange(pool, RequestShape(stream=stream), PROMPT, 1, timeout_s=10.0)
+
+    done = asyncio.run(replayed())
+    assert (done.status, done.prompt_tokens) == (200, 0)
+    assert re.fullmatch(refusal, done.error), done.error
+    # the prompt counted right, both take the answer
+    rank0.serve(PATH, answering(completion(len(PROMPT))))
+    with client_for(rank0) as client:
+        assert client.complete("A", PROMPT).prompt_tokens == len(PROMPT)
+    assert asyncio.run(replayed()).prompt_tokens == len(PROMPT)
 
 
 def test_a_body_that_is_not_json_is_malformed(rank0: StubServer) -> None:

@@ -13,7 +13,7 @@ from cache_qualify.config.profiles import load_profile
 from cache_qualify.emulation.predicted import predict_start
 from cache_qualify.emulation.sources import (BuildCache, StartFacts, Unreadable, read_before_start, read_build,
                                              read_some)
-from cache_qualify.trials.workload import Request
+from cache_qualify.workload.requests import Request
 
 # llama-server at -lv 4: the slot's context at start, the first prompt saved to the host cache
 LLAMA_LOG = ("0.00.987.500 I srv    load_model: initializing, n_slots = 1, n_ctx_slot = 8192, kv_unified = 'false'\n"

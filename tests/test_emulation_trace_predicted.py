@@ -20,8 +20,7 @@ from cache_qualify.errors import ScenarioError
 from cache_qualify.report.render import render_run
 from cache_qualify.samples import runfolder
 from cache_qualify.samples.store import WINDOW
-from cache_qualify.trials.trace import scenario_trace
-from cache_qualify.trials.tracetrial import parts
+from cache_qualify.workload.trace import parts, scenario_trace
 from tests.support.labfixtures import REPO, collected
 from tests.support.recorded_trace import (TRACE_EXAMPLE, TRACE_SCENARIO, TraceStart, trace_starts,
                                           write_recorded_trace_run)

@@ -12,9 +12,9 @@ import pytest
 
 from cache_qualify.config.inventory import load_inventory
 from cache_qualify.config.scenario import check_against, load_scenario
-from cache_qualify.trials.trace import scaled_lengths, scenario_trace
-from cache_qualify.trials.traceanalysis import trace_figures
-from cache_qualify.trials.tracefile import TraceRecord, read_records
+from cache_qualify.workload.trace import scaled_lengths, scenario_trace
+from cache_qualify.workload.traceanalysis import trace_figures
+from cache_qualify.workload.tracefile import TraceRecord, read_records
 from tests.support.labfixtures import REPO
 from tests.support.traces import MOONCAKE_SLICE
 

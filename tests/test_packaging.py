@@ -39,8 +39,8 @@ def test_the_wheel_installs_one_top_level_package_with_its_data(built_wheel: Pat
     top = {name.split("/", 1)[0] for name in names}
     assert {t for t in top if not t.endswith(".dist-info")} == {"cache_qualify"}, sorted(top)
     for data in ("cache_qualify/config/scenarios/reread-1g.yaml", "cache_qualify/config/schema/inventory.schema.json",
-                 "cache_qualify/trials/data/corpus.npy", "cache_qualify/trials/data/conversations.jsonl",
-                 *(f"cache_qualify/trials/data/mooncake/{name}" for name in (
+                 "cache_qualify/workload/data/corpus.npy", "cache_qualify/workload/data/conversations.jsonl",
+                 *(f"cache_qualify/workload/data/mooncake/{name}" for name in (
                      "conversation_trace.jsonl", "LICENSE-APACHE", "README.md"))):
         assert data in names, f"{data} is missing from the wheel"
     assert not any(n.startswith(("cache_qualify/tests", "qualify/", "tests/")) for n in names)

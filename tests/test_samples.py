@@ -337,3 +337,18 @@ def test_a_seeded_run_measures_and_decides_as_when_each_look_read_the_file(tmp_p
     kept = [line for line in kept if line.split(",")[5] not in TIMED]
     assert (len(kept), hashlib.sha256("\n".join(kept).encode()).hexdigest()) == BEFORE_SAMPLES
     assert all(line.split(",")[6] != "nan" for line in kept)   # no stand-in for what was not measured
+
+
+@pytest.mark.slow
+def test_a_runs_end_parses_trials_csv_once(tmp_path: Path) -> None:
+    """The run's end hands one folder to the outcome, the report, the history and the terminal: trials.csv is
+    parsed once there, however many of them read it."""
+    from tests.support.countparses import PARSES_ENV
+    from tests.support.labfixtures import run_qualify, small_scenario, write_inventory
+
+    scenario = small_scenario(tmp_path, "parsed-once")
+    counted = tmp_path / "parses"
+    run = run_qualify(write_inventory(tmp_path), tmp_path / "reports", "--scenario", str(scenario),
+                      "-p", "tests.support.countparses", env={PARSES_ENV: str(counted)}, timeout_s=500)
+    assert run.returncode in (0, 1) and (run.run_dir() / "summary.md").is_file(), run.output
+    assert int(counted.read_text(encoding="utf-8")) <= 1, counted.read_text(encoding="utf-8")

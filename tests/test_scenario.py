@@ -206,10 +206,10 @@ def test_long_prompt_fits_and_rereads() -> None:
 
 
 def test_all_shipped_scenarios_load_and_fit_the_default_corpus() -> None:
-    from cache_qualify.trials.corpus import default_corpus
+    from cache_qualify.workload.corpus import default_corpus
 
     tokens = len(default_corpus())
-    from cache_qualify.trials.trace import scenario_trace
+    from cache_qualify.workload.trace import scenario_trace
 
     assert available_scenarios() == ["long-prompt", "reread-1g", "reread-4g", "trace-replay"]
     for name in available_scenarios():

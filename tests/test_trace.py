@@ -1,5 +1,5 @@
-"""The trace workload: trace files read and checked (cache_qualify.trials.tracefile), selected and their prompts
-synthesized (trials.trace), their prefix figures (trials.traceanalysis), the generated trace (trials.tracegen)
+"""The trace workload: trace files read and checked (cache_qualify.workload.tracefile), selected and their prompts
+synthesized (workload.trace), their prefix figures (workload.traceanalysis), the generated trace (workload.tracegen)
 and the commands that print figures about them (cli.traces)."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import pytest
 from cache_qualify.cli import main
 from cache_qualify.config.scenario import load_scenario
 from cache_qualify.errors import CorpusError, ScenarioError
-from cache_qualify.trials.corpus import default_corpus
-from cache_qualify.trials.trace import (marker_clashes, scaled_lengths, scenario_trace, synthesize,
+from cache_qualify.workload.corpus import default_corpus
+from cache_qualify.workload.trace import (marker_clashes, scaled_lengths, scenario_trace, synthesize,
                                         synthesize_plainly)
-from cache_qualify.trials.traceanalysis import prefix_hits, trace_figures
-from cache_qualify.trials.tracefile import read_records
-from cache_qualify.trials.tracegen import Shape, as_records, conversation_records, write_jsonl
+from cache_qualify.workload.traceanalysis import prefix_hits, trace_figures
+from cache_qualify.workload.tracefile import read_records
+from cache_qualify.workload.tracegen import Shape, as_records, conversation_records, write_jsonl
 from tests.support.labfixtures import edited, write_file
 from tests.support.traces import SHIPPED_TRACE, TRACE_SCENARIO, common_prefix, mooncake, write_trace
 
@@ -240,7 +240,7 @@ def test_the_shipped_trace_s_figures_are_those_its_readme_states() -> None:
 
 
 def test_the_shipped_trace_is_what_its_generator_writes(tmp_path: Path) -> None:
-    from cache_qualify.trials.data import make_trace
+    from cache_qualify.workload.data import make_trace
 
     write_jsonl(conversation_records(make_trace.SHAPE, seed=make_trace.SEED), tmp_path / "made.jsonl")
     assert (tmp_path / "made.jsonl").read_bytes() == SHIPPED_TRACE.read_bytes()
@@ -285,3 +285,24 @@ def test_the_synthesis_benchmark_prints_both_times_and_their_ratio(capsys: pytes
     assert fast and plain and ratio, out
     f, p, half = float(fast[1]), float(plain[1]), 0.0005   # each time printed to the millisecond
     assert (p - half) / (f + half) - 0.05 <= float(ratio[1]) <= (p + half) / max(f - half, 1e-9) + 0.05
+
+
+def test_a_trace_is_read_and_synthesized_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The setup's check, each runner and the predictor take one resolved trace: the file is read once per
+    process for one scenario and one version of the file, again when the file changes."""
+    import cache_qualify.workload.trace as resolving
+
+    reads: list[Path] = []
+
+    def counted(path: Path, **options: object) -> object:
+        reads.append(Path(path))
+        return read_records(path, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(resolving, "read_records", counted)
+    write_trace(tmp_path, [mooncake(i * 100, 1024, [i % 5, 10 + i]) for i in range(12)])
+    scenario_file = write_file(tmp_path, TRACE_SCENARIO, "replay.yaml")
+    at_setup = scenario_trace(load_scenario(scenario_file))
+    by_runners = [scenario_trace(load_scenario(scenario_file)) for _ in range(3)]   # each loads its own copy
+    assert all(trace is at_setup for trace in by_runners) and reads == [tmp_path / "trace.jsonl"]
+    write_trace(tmp_path, [mooncake(i * 100, 1024, [i % 5, 10 + i]) for i in range(13)])   # another version
+    assert len(scenario_trace(load_scenario(scenario_file)).requests) == 13 and len(reads) == 2

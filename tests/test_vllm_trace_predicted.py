@@ -26,8 +26,7 @@ from cache_qualify.emulation.sources import StartFacts
 from cache_qualify.trials.exchange import RequestShape
 from cache_qualify.trials.measure import parse_metrics
 from cache_qualify.trials.replay import Arrival, replay
-from cache_qualify.trials.trace import TraceRequest, scenario_trace
-from cache_qualify.trials.tracetrial import parts
+from cache_qualify.workload.trace import TraceRequest, parts, scenario_trace
 from tests.support.labfixtures import REPO
 from tests.support.vllm_server import MODEL_NAME, running_vllm_server, vllm  # noqa: F401  (the fixture)
 

@@ -11,7 +11,7 @@ import tokenizers
 from tokenizers import models, pre_tokenizers
 
 from cache_qualify.errors import CorpusError
-from cache_qualify.trials.workload import Request, load_corpus, replace_start, study_sequence, token_range
+from cache_qualify.workload.requests import Request, load_corpus, replace_start, study_sequence, token_range
 
 
 def test_npy_and_json_token_files_keep_ids_in_range(tmp_path: Path) -> None:

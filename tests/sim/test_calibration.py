@@ -16,7 +16,7 @@ import yaml
 from cache_qualify.cli import main as cli_main
 from cache_qualify.config.inventory import load_inventory
 from cache_qualify.config.scenario import find_scenario, load_scenario
-from cache_qualify.sim.calibration import measure
+from cache_qualify.calibration import measure
 from cache_qualify.sim.noise import PROFILES, draw_start
 from cache_qualify.trials.seeds import start_seed
 from tests.support.labfixtures import REPO, inventory_port, wait_no_sim_processes, write_inventory

@@ -7,13 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import cache_qualify.trials.data
+import cache_qualify.workload.data
 
 from cache_qualify.sim.capacity import capacity_rows
 from cache_qualify.units import parse_size
-from cache_qualify.trials.corpus import default_corpus
+from cache_qualify.workload.corpus import default_corpus
 from cache_qualify.sim.emulate import sequence_gathers
-from cache_qualify.trials.workload import study_sequence
+from cache_qualify.workload.requests import study_sequence
 
 
 def test_shape_range_and_cache() -> None:
@@ -26,7 +26,7 @@ def test_shape_range_and_cache() -> None:
 
 
 def test_shipped_data_is_small() -> None:
-    data = Path(cache_qualify.trials.data.__file__).parent
+    data = Path(cache_qualify.workload.data.__file__).parent
     total = sum(f.stat().st_size for f in data.iterdir() if f.is_file())
     assert total < 2 << 20
 

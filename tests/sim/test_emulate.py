@@ -16,7 +16,7 @@ from cache_qualify.sim.emulate import replay, sequence_gathers
 from cache_qualify.sim.reference import ReferenceRowCache
 from cache_qualify.sim.layout import POLICIES
 from cache_qualify.sim.rowcache import RowCache
-from cache_qualify.trials.workload import study_sequence
+from cache_qualify.workload.requests import study_sequence
 from tests.support.labfixtures import run_cli
 
 

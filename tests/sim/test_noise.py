@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from cache_qualify.sim.calibration import (KV_STUDY, STUDY_FIRST_WAIT_DIFFERENCE_S, TOLERANCE, expected_range,
+from cache_qualify.calibration import (KV_STUDY, STUDY_FIRST_WAIT_DIFFERENCE_S, TOLERANCE, expected_range,
                                            mean_difference, typical_difference)
 from cache_qualify.sim.memory import GIB, MemoryModel
 from cache_qualify.sim.noise import PROFILES, Latency, NoiseModel, draw_start, rank_kv_pages, start_budget

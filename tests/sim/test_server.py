@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cache_qualify.trials.corpus import default_corpus
+from cache_qualify.workload.corpus import default_corpus
 from cache_qualify.sim.server import parse_args
-from cache_qualify.trials.workload import Request, study_sequence
+from cache_qualify.workload.requests import Request, study_sequence
 from tests.support.waiting import wait_for
 
 HOSTS = ("127.0.0.11", "127.0.0.12", "127.0.0.13")

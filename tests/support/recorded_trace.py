@@ -16,7 +16,7 @@ from pathlib import Path
 from cache_qualify.config.scenario import load_scenario, scenario_model
 from cache_qualify.samples import runfolder
 from cache_qualify.samples.store import ALL, OK, WINDOW, TrialRow, new_attempt
-from cache_qualify.trials.trace import scenario_trace
+from cache_qualify.workload.trace import scenario_trace
 from tests.support.labfixtures import REPO
 from tests.support.recorded_vllm import DATA, body, recorded_folder
 

@@ -23,7 +23,7 @@ from cache_qualify.samples.records import Plan
 from cache_qualify.samples.store import ALL, OK, SampleStore, TrialRow, new_attempt
 from cache_qualify.trials.figures import combine, delta
 from cache_qualify.trials.measure import Snapshot, emulator_metrics, metric_lines, parse_metrics
-from cache_qualify.trials.workload import Request
+from cache_qualify.workload.requests import Request
 from tests.support.labfixtures import REPO
 
 DATA = REPO / "tests" / "data"

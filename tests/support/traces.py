@@ -10,7 +10,7 @@ import numpy as np
 
 from tests.support.labfixtures import REPO
 
-SHIPPED_TRACE = REPO / "fixtures" / "cache_qualify" / "trials" / "data" / "conversations.jsonl"
+SHIPPED_TRACE = REPO / "fixtures" / "cache_qualify" / "workload" / "data" / "conversations.jsonl"
 # the first 1,000 records of Mooncake's conversation trace (its README names the source and license)
 MOONCAKE_SLICE = SHIPPED_TRACE.parent / "mooncake" / "conversation_trace.jsonl"
 
