@@ -298,16 +298,17 @@ def test_kept_samples_are_what_samples_csv_holds_at_every_trial(store: SampleSto
 # when each look read samples.csv whole: each verdict's figures, and the sha256 of its samples' lines
 # (build, trial, request, host, rank, metric, value; the wall-clock times left out), sorted.
 # the margins that are shares of the baseline (hit rate's 1 %, KV pages' 2 %) are tested as c - k x b with the
-# baseline mean's noise: their p-values, and a difference that is c - k x b shifted back by the estimated boundary
+# baseline mean's noise: their p-values; the difference is the builds' own (c - k x b shifted back by the estimated
+# boundary read -2.500000000003638 here)
 BEFORE_VERDICTS = [
     ("hit_rate-no_regression[A-new-start]", "set8", "pass", 0.9948190763244347, 0.9948330303320256,
      1.39540075909661e-05, 1.803937445695449e-06, 2, 2),
-    ("kv_pages-no_regression[startup]", "set8", "pass", 41316.0, 41313.5, -2.500000000003638, 0.00025046471039833856,
+    ("kv_pages-no_regression[startup]", "set8", "pass", 41316.0, 41313.5, -2.5, 0.00025046471039833856,
      2, 2),
     ("bad_starts-no_excess[starts]", "set8", "pass", 0.0, 0.0, 0.0, 1.0, 2, 2),
     ("hit_rate-no_regression[A-new-start]", "two_choice", "pass", 0.9948190763244347, 0.9948330303320256,
      1.39540075909661e-05, 1.803937445695449e-06, 2, 2),
-    ("kv_pages-no_regression[startup]", "two_choice", "pass", 41316.0, 41306.5, -9.500000000003638,
+    ("kv_pages-no_regression[startup]", "two_choice", "pass", 41316.0, 41306.5, -9.5,
      0.0003663741816851687, 2, 2),
     ("bad_starts-no_excess[starts]", "two_choice", "pass", 0.0, 0.0, 0.0, 1.0, 2, 2)]
 # The same run's lines before a quantity a build does not export stopped being written as NaN: 582, 48 of them
