@@ -112,7 +112,7 @@ V4_FIGURES = ("run_id", "scenario", "assertion", "arm", "metric", "request", "ki
               "null_boundary", "ci_low", "ci_high", "ci_level", "p_value", "p_adjusted", "noise_sd", "history_sd",
               "history_df", "history_runs", "history_used", "trials_needed", "reason")
 VERDICT_COLUMNS = {1: V3_FIGURES, 2: V3_FIGURES, 3: V3_FIGURES, 4: V4_FIGURES, 5: V4_FIGURES, 6: V4_FIGURES,
-                   7: V4_FIGURES, 8: V4_FIGURES}
+                   7: V4_FIGURES, 8: V4_FIGURES, 9: V4_FIGURES}
 
 
 def test_import_goes_past_a_folder_it_cannot_read_and_names_it(tmp_path: Path,
@@ -156,6 +156,8 @@ def _older_verdicts(conn: sa.Connection, version: int) -> None:
 def _as_version(conn: sa.Connection, version: int) -> None:
     """The database as an older suite left it at `version`: what the later versions added dropped, what
     they dropped back (a trial's startup time and KV pages as columns, the values a start measured)."""
+    if version < 9:
+        conn.execute(sa.text("DROP TABLE calibrations"))
     if version < 8:
         conn.execute(sa.text("ALTER TABLE runs DROP COLUMN pipeline"))
     if version < 7:
