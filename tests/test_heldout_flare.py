@@ -81,7 +81,8 @@ def qualify(sshd_lab: SshdLab, tmp_path: Path, declared: dict[str, str], *, lab_
             stated_band: bool = True, runs: dict[str, str] | None = None) -> QualifyRun:
     inventory = heldout_inventory(sshd_lab, tmp_path, declared, lab_flags=lab_flags, stated_band=stated_band,
                                   runs=runs)
-    return run_qualify(inventory, tmp_path / "reports", "--scenario", str(heldout_scenario(tmp_path)), *SHORT_GATE)
+    return run_qualify(inventory, tmp_path / "reports", "--scenario", str(heldout_scenario(tmp_path)), *SHORT_GATE,
+                       timeout_s=300.0 * len(declared) / 2)   # a build's starts take a minute on a loaded machine
 
 
 def checks(run: QualifyRun) -> list[dict[str, Any]]:
