@@ -13,7 +13,7 @@ import pytest
 from scipy import stats as sps
 
 from cache_qualify.config.inventory import load_inventory
-from cache_qualify.emulation.calibration import ALPHA, Calibration, CalibrationKey, Offset, applied, calibrate, lab_key
+from cache_qualify.emulation.lab_offset import ALPHA, Calibration, CalibrationKey, Offset, applied, calibrate, lab_key
 from cache_qualify.emulation.predicted import request_checks
 from cache_qualify.errors import EmulationError
 from cache_qualify.history.store import History, default_url
