@@ -1,6 +1,7 @@
 """A lab's calibration of its emulator (docs/emulation.md, "Calibrating a lab"): the baseline's offset from its
 prediction per request and the band its starts' spread gives, recorded in the history, applied to later starts
-keyed by lab, runtime and emulator; a stale or missing calibration said in one line with the command."""
+keyed by lab, runtime and emulator; a stale or missing calibration said in one line with the command. The
+history's record of it: tests/test_history.py; end to end over real SSH: tests/test_heldout_flare.py."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from cache_qualify.config.inventory import load_inventory
 from cache_qualify.emulation.lab_offset import ALPHA, Calibration, CalibrationKey, Offset, applied, calibrate, lab_key
 from cache_qualify.emulation.predicted import request_checks
 from cache_qualify.errors import EmulationError
-from cache_qualify.history.store import History, default_url
 from cache_qualify.samples.records import PredictionRecord
 from cache_qualify.samples.store import ALL
 from tests.support.labfixtures import REPO
@@ -121,11 +121,3 @@ def test_the_key_changes_with_the_lab_s_hosts_and_emulator_settings(tmp_path: Pa
     assert key.differences(lab_key(moved) or key) == ["the lab's hosts"]
     assert lab_key(load_inventory(REPO / "examples" / "vllm.yaml")) != key
 
-
-def test_a_calibration_is_recorded_and_read_back_the_latest_replacing_the_one_before(tmp_path: Path) -> None:
-    with History(default_url(tmp_path)) as history:
-        assert history.calibration(lab="gb10", scenario="reread") is None
-        history.record_calibration(calibration())
-        history.record_calibration(calibration(band=0.006))
-        assert history.calibration(lab="gb10", scenario="reread") == calibration(band=0.006)
-        assert history.calibration(lab="other", scenario="reread") is None
