@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -113,7 +112,7 @@ def test_without_a_calibration_an_unestablished_band_warns_naming_the_command() 
     assert applied(exact, calibration(), KEY, HOW, "fail") == exact
 
 
-def test_the_key_changes_with_the_lab_s_hosts_and_emulator_settings(tmp_path: Path) -> None:
+def test_the_key_changes_with_the_lab_s_hosts_and_emulator_settings() -> None:
     inventory = load_inventory(REPO / "examples" / "gb10-lab.yaml")
     key = lab_key(inventory)
     assert key is not None and (key.lab, key.runtime, key.emulator) == (inventory.lab, "flare", "flare-rowcache")
