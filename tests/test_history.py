@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import pytest
 import sqlalchemy as sa
 
 from cache_qualify.cli import main
+from cache_qualify.emulation.lab_offset import Calibration, CalibrationKey, Offset
 from cache_qualify.errors import HistoryError
 from cache_qualify.history import schema
 from cache_qualify.history.series import series_of
@@ -112,7 +114,7 @@ V4_FIGURES = ("run_id", "scenario", "assertion", "arm", "metric", "request", "ki
               "null_boundary", "ci_low", "ci_high", "ci_level", "p_value", "p_adjusted", "noise_sd", "history_sd",
               "history_df", "history_runs", "history_used", "trials_needed", "reason")
 VERDICT_COLUMNS = {1: V3_FIGURES, 2: V3_FIGURES, 3: V3_FIGURES, 4: V4_FIGURES, 5: V4_FIGURES, 6: V4_FIGURES,
-                   7: V4_FIGURES, 8: V4_FIGURES}
+                   7: V4_FIGURES, 8: V4_FIGURES, 9: V4_FIGURES}
 
 
 def test_import_goes_past_a_folder_it_cannot_read_and_names_it(tmp_path: Path,
@@ -156,6 +158,8 @@ def _older_verdicts(conn: sa.Connection, version: int) -> None:
 def _as_version(conn: sa.Connection, version: int) -> None:
     """The database as an older suite left it at `version`: what the later versions added dropped, what
     they dropped back (a trial's startup time and KV pages as columns, the values a start measured)."""
+    if version < 9:
+        conn.execute(sa.text("DROP TABLE calibrations"))
     if version < 8:
         conn.execute(sa.text("ALTER TABLE runs DROP COLUMN pipeline"))
     if version < 7:
@@ -498,3 +502,19 @@ def test_a_trend_of_a_misspelt_build_or_metric_offers_the_close_name(
     assert main(["history", "trend", "--build", "set4", "--metric", "hit_rat", "--reports-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "--metric 'hit_rat' is none of the history's (did you mean 'hit_rate'?)" in err and "--build" not in err
+
+
+def test_a_lab_s_calibration_is_kept_per_lab_and_scenario(history_url: str) -> None:
+    """`history calibrate`'s record (tests/test_calibration.py has the arithmetic) on both databases: read back
+    as written, the latest of a lab and scenario replacing the one before, another lab's apart."""
+    key = CalibrationKey("gb10", "h" * 64, "flare", "flare-rowcache", "s" * 64)
+    first = Calibration(key, "reread", "run1", "set4", "2026-12-07T10:00:00Z",
+                        (Offset("A", -0.005, 0.001, 3, 0.004), Offset("A-again", -0.03, 0.002, 3, 0.004)))
+    later = replace(first, run_id="run2", offsets=first.offsets[:1])
+    elsewhere = replace(first, key=replace(key, lab="other"))
+    with History(history_url) as history:
+        for calibration in (first, elsewhere, later):
+            history.record_calibration(calibration)
+        assert history.calibration(lab="gb10", scenario="reread") == later
+        assert history.calibration(lab="other", scenario="reread") == elsewhere
+        assert history.calibration(lab="gb10", scenario="trace") is None

@@ -148,8 +148,9 @@ class Table:
 class Runtime:
     """The rank's tables and the counters /metrics shows."""
 
-    def __init__(self, policy: str, cache_bytes: int) -> None:
+    def __init__(self, policy: str, cache_bytes: int, uncached_percent: float = 0.0) -> None:
         ways, two_sets = SHAPES[policy]
+        self.uncached = uncached_percent / 100
         sets = max(0, cache_bytes - FIXED_BYTES) // ROW_BYTES // ways
         salt = random.getrandbits(64)             # each start draws its own placement
         self.tables = [Table((sets // TABLES + (1 if t < sets % TABLES else 0)) * ways, ways, two_sets,
@@ -172,7 +173,10 @@ class Runtime:
         for a, b in zip(bounds, bounds[1:]):
             for table, rows in zip(self.tables, per_table):
                 before = table.misses
-                table.gather(rows[a * per_token:b * per_token])
+                chunk = rows[a * per_token:b * per_token]
+                table.gather(chunk)
+                # a lab-wide bias the emulator does not know: lookups of rows the cache never holds
+                table.misses += round(self.uncached * len(set(chunk)))
                 self.wait_ns += (table.misses - before) * WAIT_PER_MISS_NS
 
     def metrics(self) -> str:
@@ -263,8 +267,11 @@ def serve(policy: str) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--embedding-table-cache-size", type=_size, default=_size("1G"))
     parser.add_argument("--tensor-parallel-size", type=int, default=1, choices=[1])
+    parser.add_argument("--uncached-lookups-percent", type=float, default=0.0,
+                        help="a lab's side table: this share of each chunk's distinct rows more looked up, "
+                             "always missing (the emulator is not told: its prediction sits off by it)")
     args, _unknown = parser.parse_known_args()   # the study's other serving flags change nothing here
-    runtime = Runtime(policy, args.embedding_table_cache_size)
+    runtime = Runtime(policy, args.embedding_table_cache_size, args.uncached_lookups_percent)
     server = ThreadingHTTPServer((args.host, args.port), _handler(runtime))
     print(f"heldout-flare listening on {args.host}:{args.port}", flush=True)
     server.serve_forever()
