@@ -509,7 +509,7 @@ def test_a_lab_s_calibration_is_kept_per_lab_and_scenario(history_url: str) -> N
     as written, the latest of a lab and scenario replacing the one before, another lab's apart."""
     key = CalibrationKey("gb10", "h" * 64, "flare", "flare-rowcache", "s" * 64)
     first = Calibration(key, "reread", "run1", "set4", "2026-12-07T10:00:00Z",
-                        (Offset("A", -0.005, 0.001, 3, 0.004), Offset("A-again", -0.03, 0.002, 3, 0.004)))
+                        (Offset("A", -0.005, 0.001, 3, 0.004, 0.2), Offset("A-again", -0.03, 0.002, 3, 0.004, 0.8)))
     later = replace(first, run_id="run2", offsets=first.offsets[:1])
     elsewhere = replace(first, key=replace(key, lab="other"))
     with History(history_url) as history:
