@@ -62,6 +62,41 @@ def commands(text: str) -> list[str]:
     return found
 
 
+def prose_sentences(text: str) -> list[str]:
+    """The sentences of the text's prose: its paragraphs and list items, not its code blocks, tables or
+    headings. Inline code counts as one word; a link as its words; "e.g." ends no sentence; a sentence
+    ends at ".", "!" or "?", or at a colon followed by a capital (a sentence of its own after it)."""
+    paragraphs: list[list[str]] = [[]]
+    lines, fence = text.splitlines(), False
+    for i, line in enumerate(lines):
+        fence = not fence if line.startswith("```") else fence
+        above = lines[i - 1] if i else ""
+        indented = re.match(r"^ {4,}\S", line) and (not above.strip() or re.match(r"^ {4,}\S", above))
+        if fence or indented or line.startswith(("```", "|", "#")) or not line.strip() \
+                or re.match(r"^\s*([*-]|\d+\.) ", line):
+            paragraphs.append([])   # a list item starts a paragraph of its own
+        if not (fence or indented or line.startswith(("```", "|", "#"))) and line.strip():
+            paragraphs[-1].append(line.strip())
+    out = []
+    for words in paragraphs:
+        paragraph = re.sub(r"`[^`]*`", "CODE", " ".join(words))
+        paragraph = re.sub(r"\]\([^)]*\)", "]", re.sub(r"\b(e\.g|i\.e|etc|vs)\.", r"\1", paragraph))
+        out += [s for s in re.split(r"(?<=:)\s+(?=[A-Z])|(?<=[.!?])\s+", paragraph) if s.strip()]
+    return out
+
+
+def test_the_readme_s_sentences_are_at_most_40_words() -> None:
+    sentences = prose_sentences(README)
+    assert len(sentences) > 300, len(sentences)   # the prose was read, not skipped
+    long = [f"{len(s.split())} words: {s[:80]}..." for s in sentences if len(s.split()) > 40]
+    assert not long, "README: sentences over 40 words:\n" + "\n".join(long)
+
+
+def test_a_sentence_of_41_words_is_found() -> None:
+    line = "word " * 40 + "end."
+    assert [len(s.split()) for s in prose_sentences(f"Intro.\n\n{line}\n\n    {line}\n\n| {line} |\n")] == [1, 41]
+
+
 def test_the_contents_list_every_section_in_order() -> None:
     listed = re.findall(r"(?m)^\s*- \[(.+?)\]\(#(.+?)\)$", README.split("## Contents", 1)[1].split("\n## ", 1)[0])
     sections = [h for h in headings(README) if h != "Contents"]
