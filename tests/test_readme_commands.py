@@ -20,6 +20,7 @@ import csv
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -163,8 +164,17 @@ def _newcomer_env() -> dict[str, str]:
 
 
 def _run(shell: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", "-c", f"set -e; {shell}"], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=900)
+    """The command's exit status and output; one still running after 15 minutes is stopped with everything
+    it started (exit 124, as `timeout` says it), and the next command runs."""
+    with subprocess.Popen(["bash", "-c", f"set -e; {shell}"], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGINT)   # Ctrl-C: a qualification stops its servers and keeps its samples
+            out, err = proc.communicate(timeout=120)
+            return subprocess.CompletedProcess(proc.args, 124, out, err + "\nstill running after 900 s")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _runs(reports: Path) -> set[str]:
@@ -185,12 +195,13 @@ def test_every_readme_command_runs_as_written(tmp_path: Path) -> None:
     shutil.copy(copy / "hosts.yaml", copy / "lab.yaml")   # the reader's real lab: the simulated one
     (copy / "lab").mkdir()
     shutil.copy(copy / "hosts.yaml", copy / "lab" / "hosts.yaml")
-    reports, run_of, failed = copy / "reports", {}, []
+    reports, failed = copy / "reports", []
+    run_of: dict[str, str] = {}   # each qualification's command: its run folder
     for step in STEPS:
         before, rows = _runs(reports), _trial_rows(reports, run_of.get(step.run_of))
         typed = (step.typed or step.command).replace("<run-id>", run_of.get(step.run_of, "none"))
-        if step.command == QUICK_START:   # its virtual environment is made above
-            typed = typed.split(" && ", 1)[1]
+        if step.command == QUICK_START:   # its virtual environment is made above, and activated here
+            typed = typed.split(" && . .venv/bin/activate && ", 1)[1]
         if step.command.startswith("cache-qualify report reports/"):   # the plots it says it draws again
             shutil.rmtree(reports / run_of[DEFAULT_RUN] / "plots", ignore_errors=True)
         done = _run(f". .venv/bin/activate && {typed}", copy, env)
