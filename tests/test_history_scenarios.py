@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 from cache_qualify.cli import main
+from cache_qualify.config.measurement import REPLAY_AGGREGATES
 from cache_qualify.config.scenario import available_scenarios
+from cache_qualify.history.series import asserted_only, series_of
+from cache_qualify.history.store import History, default_url
 from tests.support.labfixtures import run_qualify, write_inventory
 
 pytestmark = pytest.mark.slow
@@ -51,7 +54,24 @@ def test_changes_and_trend_read_the_replay_in_its_units(reports: Path, capsys: p
                  "trace-replay", "--metric", "ttft_p50_s", "--json"]) == 0
     trend = json.loads(capsys.readouterr().out)
     assert trend and {row["unit"] for row in trend} == {"s"}, trend
+    assert {row["request"] for row in trend} == {"replay"}, trend   # the aggregate's own kind, as summary.md
     assert main(["history", "trend", "--reports-dir", str(reports), "--build", "set4", "--scenario",
                  "trace-replay", "--metric", "ttft_p50_s"]) == 0
     out = capsys.readouterr().out
     assert " s " in out and " count" not in out, out
+
+
+def test_the_history_s_series_carry_the_replay_s_own_request(reports: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`history trend` and `history changes` read these series: a replay's figures are the replay's
+    (`ttft_p50_s[replay]`), never the start's, though the samples hold them once per start."""
+    with History(default_url(reports)) as history:
+        frame, asserted = history.values(), history.asserted()
+    replay = [s for s in series_of(asserted_only(frame, asserted)) if s.scenario == "trace-replay"]
+    assert replay and {s.request for s in replay if s.metric in REPLAY_AGGREGATES} == {"replay"}, replay
+    # the other scenarios' per-start quantities stay the start's
+    assert any(s.request == "startup" for s in series_of(frame) if s.scenario != "trace-replay")
+    assert main(["history", "trend", "--reports-dir", str(reports), "--build", "set4", "--request", "replay",
+                 "--metric", "ttft_p50_s"]) == 0
+    out = capsys.readouterr().out
+    assert "replay" in out and "startup" not in out, out

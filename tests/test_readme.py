@@ -20,6 +20,7 @@ import pytest
 
 from cache_qualify.cli import build_parser
 from tests.support.labfixtures import REPO
+from tests.support.readme import commands, prose_sentences
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
 # a program the README shows that belongs to the system, not to the suite
@@ -36,30 +37,16 @@ def anchor(title: str) -> str:
     return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
 
 
-def commands(text: str) -> list[str]:
-    """Every command line the text shows: the lines of its indented and shell-fenced code blocks (a line
-    ending in a backslash joined to the next, a trailing comment dropped), then its inline commands."""
-    found: list[str] = []
-    lines, fence, pending = text.splitlines(), None, ""
-    for i, line in enumerate(lines):
-        if line.startswith("```"):
-            fence = None if fence is not None else line[3:].strip()
-            continue
-        if fence is not None and fence not in ("", "sh", "bash", "shell"):
-            continue
-        indented = re.match(r"^ {4,}\S", line) and (not lines[i - 1].strip() or re.match(r"^ {4,}\S", lines[i - 1]))
-        if fence is None and not indented:
-            continue
-        code = pending + " " + line.strip() if pending else line.strip()
-        if code.endswith("\\"):
-            pending = code[:-1].strip()
-            continue
-        pending = ""
-        code = re.sub(r"\s+#.*$", "", code).strip()
-        if code:
-            found.append(code)
-    found += re.findall(r"`((?:pytest qualify|cache-qualify) [^`]+)`", text)
-    return found
+def test_the_readme_s_sentences_are_at_most_40_words() -> None:
+    sentences = prose_sentences(README)
+    assert len(sentences) > 300, len(sentences)   # the prose was read, not skipped
+    long = [f"{len(s.split())} words: {s[:80]}..." for s in sentences if len(s.split()) > 40]
+    assert not long, "README: sentences over 40 words:\n" + "\n".join(long)
+
+
+def test_a_sentence_of_41_words_is_found() -> None:
+    line = "word " * 40 + "end."
+    assert [len(s.split()) for s in prose_sentences(f"Intro.\n\n{line}\n\n    {line}\n\n| {line} |\n")] == [1, 41]
 
 
 def test_the_contents_list_every_section_in_order() -> None:

@@ -69,19 +69,24 @@ class FreshEnvironment:
 
 def fresh_environment(folder: Path) -> FreshEnvironment:
     """A new virtual environment in `folder/venv` that sees the suite's third-party packages (see above)."""
-    links = folder / "dependencies"
+    root = folder / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300)
+    link_dependencies(root, folder / "dependencies")
+    return FreshEnvironment(root)
+
+
+def link_dependencies(root: Path, links: Path) -> None:
+    """Let the virtual environment at `root` see the suite's third-party packages through a folder of links,
+    `links` (made here), as if `pip install` had downloaded them."""
     links.mkdir()
     site = Path(sysconfig.get_paths()["purelib"])
     for entry in site.iterdir():
         if not entry.name.startswith(_NOT_LINKED) and not entry.name.endswith(".pth"):
             (links / entry.name).symlink_to(entry)
-    root = folder / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300)
     (purelib,) = root.glob("lib/python*/site-packages")
     for own in purelib.glob("setuptools*"):   # an older one than the package needs: the suite's is linked
         shutil.rmtree(own)
     (purelib / "suite-dependencies.pth").write_text(f"{links}\n")
-    return FreshEnvironment(root)
 
 
 def lab_folder(folder: Path, server_py: Path) -> Path:
