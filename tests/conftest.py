@@ -19,7 +19,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -103,16 +103,7 @@ def pytest_runtestloop(session: pytest.Session) -> None:
     if not path.exists():
         return
     with open(path) as building, contextlib.suppress(NotInTime):
-        wait_for(lambda: _released(building), _BUILD_WAIT_S, "the session's kernel build", every_s=0.1)
-
-
-def _released(building: IO[str]) -> bool:
-    """The build holds its lock till it exits: a shared lock taken means it has ended."""
-    try:
-        fcntl.flock(building, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
+        wait_for(lambda: builds_ahead.released(building), _BUILD_WAIT_S, "the session's kernel build", every_s=0.1)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

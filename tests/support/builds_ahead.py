@@ -143,7 +143,7 @@ def wait(name: str) -> None:
         return
     log = lock_path.with_suffix(".log")
     with open(lock_path) as lock:
-        wait_for(lambda: _released(lock), WAIT_S, f"the session's {name} build (its log: {log})", every_s=1.0,
+        wait_for(lambda: released(lock), WAIT_S, f"the session's {name} build (its log: {log})", every_s=1.0,
                  detail=lambda: llama_build._tail(log))
     try:
         status = lock_path.with_suffix(".exit").read_text().strip()
@@ -154,7 +154,7 @@ def wait(name: str) -> None:
                     f"status {status}; its log {log} ends:\n{llama_build._tail(log)}", pytrace=False)
 
 
-def _released(lock: IO[Any]) -> bool:
+def released(lock: IO[Any]) -> bool:
     """The build holds its lock till it exits: a shared lock taken means it has ended."""
     try:
         fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
