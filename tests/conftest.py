@@ -19,12 +19,13 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from cache_qualify.lab.transport import LocalTransport, Transport
 from cache_qualify.session.xdist import deal_by_group, tag_xdist_groups
+from tests.support import builds_ahead
 from tests.support.httpfixtures import StubServer
 from tests.support.waiting import NotInTime, wait_for
 
@@ -60,6 +61,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     machine without a C compiler."""
     if hasattr(session.config, "workerinput"):
         return
+    builds_ahead.name_the_folder()
     _write_bytecode()
     _one_blas_thread()
     _the_suites_cache_folder()
@@ -101,21 +103,35 @@ def pytest_runtestloop(session: pytest.Session) -> None:
     if not path.exists():
         return
     with open(path) as building, contextlib.suppress(NotInTime):
-        wait_for(lambda: _released(building), _BUILD_WAIT_S, "the session's kernel build", every_s=0.1)
+        wait_for(lambda: builds_ahead.released(building), _BUILD_WAIT_S, "the session's kernel build", every_s=0.1)
 
 
-def _released(building: IO[str]) -> bool:
-    """The build holds its lock till it exits: a shared lock taken means it has ended."""
-    try:
-        fcntl.flock(building, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The one process without xdist workers: start the real servers' builds its tests need."""
+    if not hasattr(session.config, "workerinput"):
+        builds_ahead.start_needed(session.config, (item.nodeid for item in session.items))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """xdist's controller, as soon as a worker has collected (before any test is handed out): start
+    the real servers' builds the collection needs."""
+    builds_ahead.start_needed(node.config, ids)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under loadgroup, the tests that need no running build go first while the builds run
+    (`tests.support.builds_ahead.make_scheduler`)."""
+    if getattr(config.option, "dist", None) != "loadgroup":
+        return None
+    return builds_ahead.make_scheduler(config, log)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """A kernel build still running when the session ends is stopped with it (its own session:
-    the compiling processes it started go too)."""
+    the compiling processes it started go too), and so are the real servers' builds."""
+    builds_ahead.stop(session.config)
     build = session.config.stash.get(KERNEL_BUILD, None)
     if build is not None and build.poll() is None:
         os.killpg(build.pid, signal.SIGKILL)
@@ -195,6 +211,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     to hide."""
     if "R" not in terminalreporter.reportchars:
         terminalreporter.reportchars += "R"
+    built = builds_ahead.summary(terminalreporter.config)
+    if built:   # what the builds cost, beside the slowest tests' durations
+        terminalreporter.section("the real servers' builds, made beside the tests")
+        for line in built:
+            terminalreporter.write_line(line)
     reruns = terminalreporter.stats.get("rerun", [])
     if reruns:
         terminalreporter.section("why each rerun test failed the first time")

@@ -20,9 +20,9 @@ from cache_qualify.emulation.llama_slot import LlamaSlotCache
 from cache_qualify.emulation.sglang_radix import POLICIES, SglangRadixCache
 from cache_qualify.emulation.vllm_block import VllmBlockCache
 from cache_qualify.errors import EmulationError
-from tests.support import vllm_build
 from tests.support.emulation_reference import ReferenceRadix, reference_llama
 from tests.support.labfixtures import REPO, run_cli
+from tests.support.vllm_server import vllm_python
 
 
 def random_prompts(rng: np.random.Generator, *, count: int, longest: int, vocabulary: int = 3) -> list[np.ndarray]:
@@ -378,7 +378,7 @@ def test_vllm_block_cache_matches_vllm_s_own_kv_cache_manager() -> None:
     """vLLM 0.32.0's KVCacheManager, run offline in its own environment, on seeded workloads under
     eviction pressure: the same cached tokens per request and the same counters."""
 
-    python = vllm_build.ensure_installed()
+    python = vllm_python()
     rng = np.random.default_rng(7)
     for block_size, blocks in ((1, 12), (2, 9), (4, 30), (16, 40)):
         raw = random_prompts(rng, count=120, longest=(blocks - 1) * block_size, vocabulary=2 + block_size)
@@ -404,7 +404,7 @@ def test_vllm_decode_blocks_match_vllm_s_own_kv_cache_manager() -> None:
     """Generated tokens written into the blocks step by step, as vLLM 0.32.0's KVCacheManager allocates them
     offline: the decode counterexample with 2 and 16 output tokens, and seeded workloads of 1 to 20 output
     tokens a request under eviction pressure, the same cached tokens per request."""
-    python = vllm_build.ensure_installed()
+    python = vllm_python()
     first, second = list(range(100, 108)), list(range(200, 212))
     for generated, blocks in ((2, 5), (16, 8)):
         spec = {"block_size": 4, "num_gpu_blocks": blocks, "prompts": [first, second, first],

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,7 @@ from tests.support.llama_server import llama_server_binary
 from tests.support.tiny_model import TinyModel, make_tiny_model
 
 if TYPE_CHECKING:
-    from tests.support.sshd import SshdInstance, SshdLab
+    from tests.support.sshd import SshdLab
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("llama-qualify")]
 
@@ -89,15 +89,26 @@ def samples_of(run: QualifyRun, metric: str, build: str) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def resend(binary: Path, model: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> QualifyRun:
-    """examples/llama-cpp-resend.yaml as committed: --cache-ram 0 against --cache-ram 8192, run once."""
+def resend(binary: Path, model: TinyModel, sshd_lab: SshdLab, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[QualifyRun]:
+    """examples/llama-cpp-resend.yaml as committed: --cache-ram 0 against --cache-ram 8192, run once, its
+    host reached over a real sshd whose key is in a strict known_hosts (the other runs of this file are
+    local: one run of the re-sends proves the example and the SSH path both)."""
     folder = tmp_path_factory.mktemp("llama-resend")
-    return qualify(example_inventory(binary, model, folder), folder, RESEND, *ROOM_TO_DECIDE)
+    host = sshd_lab.start()
+    try:
+        inventory = example_inventory(binary, model, folder, **ssh_edits(sshd_lab, host, folder))
+        yield qualify(inventory, folder, RESEND, *ROOM_TO_DECIDE)
+    finally:
+        host.stop()
 
 
+@pytest.mark.sshd
 def test_a_host_memory_prompt_cache_passes_on_exact_re_sends(resend: QualifyRun) -> None:
     run = resend
     assert run.returncode == 0, run.output
+    plan = json.loads((run.run_dir() / "plan.json").read_text(encoding="utf-8"))
+    assert plan["lab"] == "llama-cpu"
     seen = outcomes(run)
     for gain in ("hit_rate-gain[A-again]", "hit_rate-gain[B-again]", "prompt_time-gain[A-again]",
                  "prompt_time-gain[B-again]"):
@@ -119,6 +130,7 @@ def test_a_host_memory_prompt_cache_passes_on_exact_re_sends(resend: QualifyRun)
 RESENT_CACHED = {"no-ram-cache": 0, "ram-cache": 4_999}
 
 
+@pytest.mark.sshd
 def test_each_cache_ram_sizes_predicted_hit_rate_is_the_measured_one(resend: QualifyRun) -> None:
     """One request at a time from a fresh start the llama-slot emulator is exact: per build (--cache-ram 0 and
     8192) and request, the hit rate predicted from the build's flags and the start's log (n_ctx_slot, a saved
@@ -222,18 +234,3 @@ def test_a_scenario_asserting_what_llama_server_does_not_export_is_refused_befor
     assert "expectations[2].metric" in run.output
     on_host = yaml.safe_load(path.read_text(encoding="utf-8"))["server"]["run_dir"]
     assert not Path(on_host).exists(), "a server was started"
-
-
-@pytest.fixture
-def over_ssh(sshd_lab: SshdLab, sshd_host: SshdInstance, inventory: Inventory, tmp_path: Path) -> Path:
-    """The example inventory with its host reached over a real sshd whose key is in a strict known_hosts."""
-    return inventory(**ssh_edits(sshd_lab, sshd_host, tmp_path))
-
-
-@pytest.mark.sshd
-def test_the_prompt_cache_passes_over_a_real_sshd(over_ssh: Path, tmp_path: Path) -> None:
-    run = qualify(over_ssh, tmp_path, RESEND, *ROOM_TO_DECIDE)
-    assert run.returncode == 0, run.output
-    assert outcomes(run)["test_prompt_cache[hit_rate-gain[A-again]]"] == "passed"
-    plan = json.loads((run.run_dir() / "plan.json").read_text(encoding="utf-8"))
-    assert plan["lab"] == "llama-cpu"

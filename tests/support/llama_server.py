@@ -22,14 +22,14 @@ import httpx
 import pytest
 
 from cache_qualify.lab.control import free_port
-from tests.support import llama_build
+from tests.support import builds_ahead, llama_build
 from tests.support.waiting import NotInTime, wait_for
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 HANDLERS_SET = re.compile(r"llama_server: listening on ")
 LOG_TAIL_LINES = 20
-OWN_BINARY = "CACHE_QUALIFY_LLAMA_SERVER"
+OWN_BINARY = builds_ahead.OWN_LLAMA_SERVER
 
 
 class ServerExited(Exception):
@@ -48,6 +48,7 @@ def llama_server_binary() -> Path:
         if not os.access(own, os.X_OK):
             pytest.fail(f"${OWN_BINARY} is {own!r}, which is not an executable file", pytrace=False)
         return Path(own)
+    builds_ahead.wait(builds_ahead.LLAMA_SERVER.name)   # the session's build, if it started one
     try:
         return llama_build.ensure_built()
     except llama_build.BuildFailed as exc:

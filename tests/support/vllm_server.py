@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from cache_qualify.lab.control import free_port
-from tests.support import vllm_build
+from tests.support import builds_ahead, vllm_build
 from tests.support.llama_server import LlamaServer, _worker_address, start_until_healthy
 
 # a start's time out, as examples/vllm.yaml's readiness timeout: about 40 s on two idle cores, 130 to 220 s at a
@@ -61,6 +61,7 @@ transformers.LlamaForCausalLM(config).save_pretrained(sys.argv[1])
 
 def vllm_python() -> Path:
     """The python of the installed vLLM (installed now if missing); fails the calling test if it cannot be."""
+    builds_ahead.wait(builds_ahead.VLLM.name)   # the session's install, if it started one
     try:
         return vllm_build.ensure_installed()
     except vllm_build.InstallFailed as exc:
