@@ -101,6 +101,8 @@ STEPS = (
     Step("cache-qualify history trend --build set4 --metric hit_rate --request B-new-start", says=r"B-new-start"),
     Step("cache-qualify history changes --build set4", says=r"series"),
     Step("cache-qualify history html reports/history", says=r"index\.html"),
+    # calibrated on the quick start's baseline: the later runs' correct candidates still pass their predictions
+    Step("cache-qualify history calibrate reports/<run-id>", says=r"calibrated on build set4 of run"),
     Step("cache-qualify plan --history sqlite:///reports/history.sqlite --scenario reread-1g --hosts hosts.yaml"),
     Step("pytest qualify --hosts hosts.yaml --history-noise", (0, 1)),
     Step("cache-qualify plan --samples reports/<run-id>", says=r"trials per build"),
