@@ -152,7 +152,10 @@ def _clean_copy(folder: Path) -> Path:
                             capture_output=True, text=True, check=True).stdout.split("\0")
     copy = folder / "cache-qualify"
     for name in filter(None, listed):
-        if (REPO / name).is_file():
+        if (REPO / name).is_symlink():   # as git keeps it (the package's `qualify` is a link to the tests)
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            (copy / name).symlink_to(os.readlink(REPO / name))
+        elif (REPO / name).is_file():
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, copy / name)
     return copy
