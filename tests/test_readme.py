@@ -44,6 +44,38 @@ def test_the_readme_s_sentences_are_at_most_40_words() -> None:
     assert not long, "README: sentences over 40 words:\n" + "\n".join(long)
 
 
+def mapped(text: str) -> set[str]:
+    """What the Layout section's map of the package names: the first code span of each of its list items."""
+    layout = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"(?m)^- `([\w.]+/?)`:", layout))
+
+
+def parts_of_the_package(root: Path) -> set[str]:
+    """The packages (``name/``) and top-level modules (``name.py``) of the package at `root`."""
+    return ({f"{p.name}/" for p in root.iterdir() if (p / "__init__.py").is_file()}
+            | {p.name for p in root.glob("*.py") if p.name != "__init__.py"})
+
+
+def test_the_map_of_the_package_names_every_package_and_module_it_has() -> None:
+    parts = parts_of_the_package(REPO / "fixtures" / "cache_qualify")
+    assert {"workload/", "emulation/", "sizing/", "validation/", "calibration.py", "sim/"} <= parts, parts
+    assert not parts - mapped(README), f"README's map of the package misses {sorted(parts - mapped(README))}"
+    assert not mapped(README) - parts, f"README's map names what the package lacks: {sorted(mapped(README) - parts)}"
+
+
+def test_the_map_check_sees_a_package_left_out(tmp_path: Path) -> None:
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "__init__.py").write_text("", encoding="utf-8")
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "__init__.py").write_text("", encoding="utf-8")
+    (tmp_path / "data").mkdir()   # a folder without __init__.py is no package
+    (tmp_path / "tool.py").write_text("", encoding="utf-8")
+    (tmp_path / "__init__.py").write_text("", encoding="utf-8")
+    text = "Intro.\n\n## Layout\n\n- `old/`: the old stage;\n- `tool.py`: a tool.\n\n## Next\n\n- `new/`: elsewhere.\n"
+    assert parts_of_the_package(tmp_path) == {"old/", "new/", "tool.py"}
+    assert mapped(text) == {"old/", "tool.py"}
+
+
 def test_a_sentence_of_41_words_is_found() -> None:
     line = "word " * 40 + "end."
     assert [len(s.split()) for s in prose_sentences(f"Intro.\n\n{line}\n\n    {line}\n\n| {line} |\n")] == [1, 41]
