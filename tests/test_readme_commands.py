@@ -87,8 +87,11 @@ STEPS = (
     Step("pytest qualify --hosts hosts.yaml --candidate set4-fat-cache", (1,), r"kv_pages"),
     Step("pytest qualify --hosts hosts.yaml --candidate rank1-exits", (1,), r"rank 1[\s\S]*exit"),
     Step("cache-qualify noise", typed="cache-qualify noise --help"),              # named in a sentence
-    Step("cache-qualify noise --starts 8 --seed 7"),
-    Step("cache-qualify noise --build set4-default-reserve --starts 8"),
+    # the README: it exits 1 when a check is off by more than a factor of two; the readiness waits' spread is
+    # wall time, which a loaded machine widens (2.2 x the study's at a load of 4), so either status, checks said
+    Step("cache-qualify noise --starts 8 --seed 7", (0, 1), r"checks \(the model against the study"),
+    Step("cache-qualify noise --build set4-default-reserve --starts 8", (0, 1),
+         r"checks \(the model against the study"),
     Step(SEVERAL, (1,), r"lru4"),   # gate mode: exits 0 only when every candidate passes, and lru4 fails
     Step("cache-qualify decide reports/<run-id> --baseline set8 --candidate two_choice [--json FILE]", (0, 1),
          r"two_choice", SEVERAL,
