@@ -78,15 +78,7 @@ def test_several_slots_serve_a_multi_conversation_slice_as_the_emulator_predicts
     a3, b3 = a2 + turn(250), b2 + turn(150)
     prompts = [a, b, a2, c, b2, a3, c2, b3]
     flags = [*slots, "-t", "1", "-lv", "4", "--cache-ram", cache_ram]
-    binary = llama_server_binary()
-    with running_llama_server(binary, model.path, tmp_path / "server.log", flags) as server, \
-            httpx.Client(base_url=server.base_url, timeout=60) as client:
-        measured = [client.post("/v1/completions", json={"prompt": p, "max_tokens": 1}).json()
-                    ["usage"]["prompt_tokens_details"]["cached_tokens"] for p in prompts]
-    spec = load_profile("llama-cpp").emulator
-    assert spec is not None
-    cache = read_build("real", spec, StartFacts((str(binary), "-m", str(model.path), *flags), log=server.log()))
-    assert isinstance(cache, BuildCache), cache
+    measured, cache = _served(model, tmp_path, flags, prompts)
     assert (cache.params["n_slots"], cache.params["kv_unified"]) == layout, cache
     predicted = predict(cache.emulator, cache.params, Prompts.of(prompts)).cached_tokens.tolist()
     assert predicted == measured == served, (predicted, measured, cache.params)
@@ -102,6 +94,16 @@ def test_the_host_cache_holds_the_servers_whole_context_as_the_emulator_predicts
     a, b, c = ([int(t) for t in rng.integers(model.first_id, model.last_id + 1, 600)] for _ in range(3))
     prompts = [a, b, c, a + [int(t) for t in rng.integers(model.first_id, model.last_id + 1, 10)]]
     flags = ["--parallel", "2", "-c", "2048", "-t", "1", "-lv", "4", "--cache-ram", "-1"]
+    measured, cache = _served(model, tmp_path, flags, prompts)
+    assert (cache.params["n_ctx"], cache.params["n_slots"], cache.params["n_ctx_total"]) == (1_024, 2, 2_048)
+    predicted = predict(cache.emulator, cache.params, Prompts.of(prompts)).cached_tokens.tolist()
+    assert predicted == measured == [0, 0, 0, 600], (predicted, measured, cache.params)
+
+
+def _served(model: TinyModel, tmp_path: Path, flags: list[str], prompts: list[list[int]]
+            ) -> tuple[list[int], BuildCache]:
+    """Each prompt's cached tokens as a real llama-server with `flags` served them, one request at a time, and
+    the build's cache as the llama-cpp profile reads it from that start's command line and log."""
     binary = llama_server_binary()
     with running_llama_server(binary, model.path, tmp_path / "server.log", flags) as server, \
             httpx.Client(base_url=server.base_url, timeout=60) as client:
@@ -111,6 +113,4 @@ def test_the_host_cache_holds_the_servers_whole_context_as_the_emulator_predicts
     assert spec is not None
     cache = read_build("real", spec, StartFacts((str(binary), "-m", str(model.path), *flags), log=server.log()))
     assert isinstance(cache, BuildCache), cache
-    assert (cache.params["n_ctx"], cache.params["n_slots"], cache.params["n_ctx_total"]) == (1_024, 2, 2_048)
-    predicted = predict(cache.emulator, cache.params, Prompts.of(prompts)).cached_tokens.tolist()
-    assert predicted == measured == [0, 0, 0, 600], (predicted, measured, cache.params)
+    return measured, cache
