@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 import math
 import re
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from scipy import stats
 from cache_qualify.cli import main
 from cache_qualify.validation import history_promises as hv
 from cache_qualify.stats.known_noise import CHECK_LEVEL, POOLED_DF, EarlierRun, build_noise, pooled, prior
-from cache_qualify.sizing.lab_time import history_design, simulate
+from cache_qualify.sizing.lab_time import Simulated, Truth, history_design, simulate
 from cache_qualify.stats.power import POWER
 from cache_qualify.validation.simulate import binomial_bound
 from cache_qualify.stats.verdict import Assertion, Trials, evaluate
@@ -156,6 +158,30 @@ def test_the_history_design_is_plan_historys_own_sizing() -> None:
     shorter = simulate(hv.truths("two-gain", 3.0), looks[:-1], alpha=0.01, history=True)
     assert shorter.power < POWER                    # the fewest that reach the planned power
 
+
+
+def test_the_history_design_is_found_by_halving_the_range_not_block_by_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A noisy gain beside fifteen sure ones: the known-SD guess sizes every assertion for the family's
+    power, far above the noisy one's need (as a history's set8 was, 380 starts for 283). The search still
+    returns the fewest maximum that reaches the power, with log2 of the range's simulations, not one per
+    block from the guess (each is a whole design's simulation: hundreds of looks for a noisy wait)."""
+    import cache_qualify.sizing.lab_time as lab_time   # the real simulation, counted where it is called
+    calls: list[int] = []
+    real = lab_time.simulate
+
+    def counted(truths: list[Truth], looks: tuple[int, ...], **kw: Any) -> Simulated:
+        calls.append(looks[-1])
+        return real(truths, looks, **kw)
+
+    monkeypatch.setattr(lab_time, "simulate", counted)
+    noisy = [t for t in hv.truths("two-gain", 1.0) if t.kind == "gain"][0]
+    truths = [noisy] + [replace(noisy, id=f"sure{k}", effect=6 * noisy.sd) for k in range(15)]
+    looks, found = history_design(truths, (20, 40), alpha=0.01, power=POWER, block_size=1, early=True, runs=400)
+    assert found.power >= POWER and looks[0] == 2
+    assert real(truths, looks[:-1], alpha=0.01, history=True, runs=400).power < POWER   # the fewest
+    distance = abs(calls[0] - looks[-1])
+    assert distance >= 10, calls                                                        # a guess far off
+    assert len(calls) <= math.ceil(math.log2(3 * 40 - 2)) + 2 < distance + 1, calls    # LONGEST x 40, from 2
 
 SAVING_RUNS = 300
 POWER_FLOOR = stats.binom.ppf(0.01, SAVING_RUNS, POWER) / SAVING_RUNS   # 99 % binomial tolerance of 0.9

@@ -175,16 +175,16 @@ def _newcomer_env() -> dict[str, str]:
 
 
 def _run(shell: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """The command's exit status and output; one still running after 15 minutes is stopped with everything
+    """The command's exit status and output; one still running after 25 minutes is stopped with everything
     it started (exit 124, as `timeout` says it), and the next command runs."""
     with subprocess.Popen(["bash", "-c", f"set -e; {shell}"], cwd=cwd, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, start_new_session=True) as proc:
         try:
-            out, err = proc.communicate(timeout=900)
+            out, err = proc.communicate(timeout=1500)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGINT)   # Ctrl-C: a qualification stops its servers and keeps its samples
             out, err = proc.communicate(timeout=120)
-            return subprocess.CompletedProcess(proc.args, 124, out, err + "\nstill running after 900 s")
+            return subprocess.CompletedProcess(proc.args, 124, out, err + "\nstill running after 1500 s")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
