@@ -10,9 +10,9 @@ options]`) is filled in. A command that needs what this test has not (a real lla
 model, two host groups) is listed in `ELSEWHERE` with the reason and the test that runs it, which must name
 it: none is dropped silently (`test_every_readme_command_is_run_here_or_elsewhere`).
 
-It is slow: ten qualifications of the simulated lab, two emulated plans and the benchmarks. At a load of
-11 to 14 on two cores its first 18 commands took 25 minutes, and `plan --history` alone ran past 13; the
-whole run is not yet timed.
+It is slow: ten qualifications of the simulated lab, two emulated plans and the benchmarks: 678 s in the
+last clean-clone run on two cores. `plan --history` is its costliest command on a cold cache (the history
+holds set8, whose history design is hundreds of starts: about 6 minutes at a load of 2 to 4).
 """
 
 from __future__ import annotations
