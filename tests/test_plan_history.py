@@ -22,6 +22,7 @@ from cache_qualify.errors import HistoryError
 from cache_qualify.history.priors import plan_history
 from cache_qualify.history.store import default_url
 from cache_qualify.qualification import AA_SUFFIX
+from cache_qualify.sizing.design import SEARCHED_TRIALS
 from cache_qualify.samples.records import BuildRecord, Plan
 from cache_qualify.config.profiles import resolve
 from cache_qualify.stats.scenario_assertions import assertions_for
@@ -39,17 +40,19 @@ WAIT_SD = {"B-new-start": 0.2e9, "A-third-read": 0.05e9}
 SECONDS = {"set4": 300.0, "two_choice": 290.0}     # a start's drop, start, requests and stop
 
 
-def _start(rng: np.random.Generator, build: str) -> history_sim.Start:
-    start = {r: {"hit_rate": m + float(rng.normal(0, 0.004))} for r, m in HITS[build].items()}
+def _start(rng: np.random.Generator, build: str, hits: dict[str, dict[str, float]]) -> history_sim.Start:
+    start = {r: {"hit_rate": m + float(rng.normal(0, 0.004))} for r, m in hits[build].items()}
     for r, wait in WAITS[build].items():
         start[r]["readiness_wait_ns"] = wait + float(rng.normal(0, WAIT_SD[r]))
     start["startup"] = {"kv_pages": 41_300 + float(rng.normal(0, 30))}
     return start
 
 
-def write_history(reports: Path, runs: int = 5, *, seed: int = 1, timed: bool = True) -> str:
+def write_history(reports: Path, runs: int = 5, *, seed: int = 1, timed: bool = True,
+                  hits: dict[str, dict[str, float]] | None = None) -> str:
     """`runs` runs of two_choice against set4 on the simulated lab, 4 starts per build each, imported into
-    the reports folder's history; `timed`: every start records how long it took."""
+    the reports folder's history; `timed`: every start records how long it took; `hits`: the builds' hit
+    rates per request (`HITS` when not given)."""
     rng = np.random.default_rng(seed)
     begin = datetime(2026, 3, 2, tzinfo=timezone.utc)
     folders = []
@@ -58,7 +61,7 @@ def write_history(reports: Path, runs: int = 5, *, seed: int = 1, timed: bool = 
                   "two_choice": BuildRecord("two_choice", "candidate", ref="r2")}
         plan = Plan(run_id=f"run{i:03d}", seed=i, lab="simulated-gb10", baseline="set4", candidates=("two_choice",),
                     scenarios=("reread-1g",), created=(begin + timedelta(days=i)).isoformat(), builds=builds)
-        folders.append(history_sim.write_folder(reports, plan, {b: [_start(rng, b) for _ in range(4)] for b in builds},
+        folders.append(history_sim.write_folder(reports, plan, {b: [_start(rng, b, hits or HITS) for _ in range(4)] for b in builds},
                                                 seconds=SECONDS if timed else None))
     assert main(["history", "import", "--reports-dir", str(reports), *map(str, folders)]) == 0
     return default_url(reports)
@@ -179,6 +182,24 @@ def test_plan_names_the_host_groups_and_an_unknown_lab_time(tmp_path: Path, caps
     assert "groups tp-1, tp-2 can run the arms side by side" in plan["groups"]
     assert main(["plan", "--runtime", "flare", "--history", url, "--scenario", "reread-1g"]) == 0
     assert "lab time per start: unknown" in capsys.readouterr().out.lower()
+
+
+def test_a_gain_barely_above_its_minimum_is_sized_and_said_beyond_reach_without_simulating_its_design(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A history whose candidate clears a gain's min_effect by a hair (2.05 points against 2, SD 0.4) needs
+    about 1,900 trials per build: plan prints that count and says no lab runs it, and simulates neither a
+    sequential design nor the lab-time ways (in CI such a history once asked for 82,000 trials, and the
+    design search for a 59 GiB array)."""
+    hits = {**HITS, "two_choice": {**HITS["two_choice"], "B-new-start": 0.8803}}
+    url = write_history(tmp_path, hits=hits)
+    plan = plan_json(capsys, "--history", url, "--scenario", "reread-1g")
+    barely = next(s for s in plan["sizings"] if (s["metric"], s["request"]) == ("hit_rate", "B-new-start"))
+    assert barely["trials_per_build"] > SEARCHED_TRIALS
+    assert barely["first_look_sequential"] == barely["max_trials_sequential"] == barely["trials_per_build"]
+    assert f"more than a lab runs (no sequential design searched above {SEARCHED_TRIALS})" in barely["note"]
+    assert plan["designs"] == [] and "more than a lab runs" in plan["note"], plan["note"]
+    assert main(["plan", "--runtime", "flare", "--history", url, "--scenario", "reread-1g"]) == 0
+    assert f"no design over {SEARCHED_TRIALS} is simulated" in capsys.readouterr().out
 
 
 def test_plan_history_bad_input_is_explained(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,7 +14,7 @@ from cache_qualify.errors import PlanError
 from cache_qualify.stats import sequential
 from cache_qualify.stats.sequential import (DEFAULT_BOUNDARY, Boundary, fractions_of, nominal_alpha, plan_looks,
                                            units_per_look)
-from cache_qualify.sizing.design import Design
+from cache_qualify.sizing.design import SEARCHED_TRIALS, Design
 from cache_qualify.sizing.planning import planned_trials, sequential_design
 from cache_qualify.validation.savings import at_power
 from cache_qualify.validation.simulate import SHAPES, correlation
@@ -292,8 +292,12 @@ def test_the_planned_sequential_design_never_costs_more_than_the_fixed_design_at
 
 
 def test_the_design_is_the_fixed_one_where_nothing_sequential_is_cheaper() -> None:
-    """Two blocks leave no look before the last, and a noiseless plan has nothing to search: the fixed design."""
+    """Two blocks leave no look before the last, a noiseless plan has nothing to search, and no lab runs a
+    design of more than `SEARCHED_TRIALS` trials (82,000 with four gains once asked the search for 59 GiB):
+    the fixed design."""
     assert sequential_design(2, 5.0, alpha=0.05) == Design(2, 2)
     assert sequential_design(6, math.inf, alpha=0.05) == Design(6, 6)
+    assert sequential_design(82_000, 0.0126, alpha=0.01, gains=4) == Design(82_000, 82_000)
+    assert sequential_design(SEARCHED_TRIALS + 1, 0.25, alpha=0.01) == Design(SEARCHED_TRIALS + 1, SEARCHED_TRIALS + 1)
     chosen = sequential_design(4, 3.0, alpha=0.05)
     assert chosen.first < chosen.maximum and chosen.mean_trials < 4 and chosen.power >= 0.9

@@ -20,6 +20,7 @@ from cache_qualify.config.inventory import load_inventory
 from cache_qualify.lab.control import Lab
 from cache_qualify.samples.store import FAILED, INVALID, OK, SampleStore
 from cache_qualify.config.scenario import Scenario, find_scenario, load_scenario
+from cache_qualify.samples.runfolder import read_start_facts
 from cache_qualify.samples.store import ALL, STARTUP
 from cache_qualify.trials.runner import Detail, TrialResult, TrialRunner, TrialSlot, interleave, scenario_requests
 from tests.support.labfixtures import inventory_port, wait_no_sim_processes, write_inventory
@@ -114,6 +115,25 @@ def test_both_builds_finish_ok_with_samples_for_every_request_and_host(sim: SimL
         assert set(startup[startup["metric"] == "page_cache_dropped"]["host"]) == set(HOSTS)
     trials = sim.store.trials()
     assert sorted(zip(trials["build"], trials["outcome"])) == [("set4", OK), ("two_choice", OK)]
+
+
+@pytest.mark.slow
+@ON_THE_LAB
+def test_a_trial_s_result_carries_what_it_ran(sim: SimLab, pair: dict[str, TrialResult]) -> None:
+    """What the prediction beside a measurement is made from travels with the trial's result: the build,
+    the command line as its ranks ran it (the build's flags, then the scenario's, every placeholder filled),
+    rank 0's log and kept /metrics and the requests sent, so the recorder reads neither the runner nor the
+    run folder (whose copies stay the truth for `report` and `decide`: the same text)."""
+    scenario, inventory = seeded_scenario(), sim.lab.inventory
+    for build, result in pair.items():
+        facts = result.facts
+        assert facts is not None and result.build == build and result.trace is None
+        flags = [*inventory.build(build).flags, *scenario.server_flags]
+        assert any(list(facts.argv[k:k + len(flags)]) == flags for k in range(len(facts.argv))), facts.argv
+        assert not [w for w in facts.argv if re.fullmatch(r".*\{[a-z0-9_]+\}.*", w)], facts.argv
+        assert (facts.log, facts.metrics) == read_start_facts(sim.store.run_dir, result.row.attempt)
+        assert facts.log.strip(), "rank 0's log is carried"
+        assert result.requests == tuple(scenario_requests(scenario))
 
 
 @pytest.mark.slow

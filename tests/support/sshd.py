@@ -172,9 +172,9 @@ class SshdInstance:
             with open(self.log_path, "rb") as log:
                 log.seek(logged)
                 return b"Server listening on" in log.read()
-        try:
-            socket.create_connection((self.address, self.port), timeout=0.5).close()
-            return True
+        try:   # its banner, not only the accept: a connection its listener takes but drops is not ready
+            with socket.create_connection((self.address, self.port), timeout=2) as probe:
+                return probe.recv(4) == b"SSH-"
         except OSError:
             return False
 
