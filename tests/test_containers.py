@@ -118,8 +118,8 @@ def test_an_image_build_is_pulled_by_digest_runs_as_containers_and_stops_through
         # stopped through the engine: nothing of the run is listed any more
         assert containers.suite_containers(tmp_path) == []
         logs = server.fetch_logs(tmp_path / "logs")
-        assert sorted(p.read_text(encoding="utf-8").splitlines()[0] for p in logs) == ["KV cache: 0 pages",
-                                                                                       "KV cache: 1 pages"]
+        assert sorted(kept.text.splitlines()[0] for kept in logs) == ["KV cache: 0 pages", "KV cache: 1 pages"]
+        assert all(kept.path.read_text(encoding="utf-8") == kept.text for kept in logs)
 
 
 def test_a_tag_moved_after_the_run_resolved_it_never_reaches_a_start(tmp_path: Path,

@@ -341,15 +341,23 @@ def test_a_seeded_run_measures_and_decides_as_when_each_look_read_the_file(tmp_p
 
 
 @pytest.mark.slow
-def test_a_runs_end_parses_trials_csv_once(tmp_path: Path) -> None:
+def test_a_runs_end_parses_trials_csv_once_and_its_predictions_are_read_once(tmp_path: Path) -> None:
     """The run's end hands one folder to the outcome, the report, the history and the terminal: trials.csv is
-    parsed once there, however many of them read it."""
-    from tests.support.countparses import PARSES_ENV
+    parsed once there, however many of them read it. Before the end the predictions file is read once (the
+    recorder's, before its first trial), however many prediction tests and hit-rate verdicts show them: the
+    gate takes them from what the qualification holds."""
+    from tests.support.countparses import PARSES_ENV, PREDICTION_READS_ENV
     from tests.support.labfixtures import run_qualify, small_scenario, write_inventory
 
     scenario = small_scenario(tmp_path, "parsed-once")
-    counted = tmp_path / "parses"
+    counted, read = tmp_path / "parses", tmp_path / "prediction-reads"
     run = run_qualify(write_inventory(tmp_path), tmp_path / "reports", "--scenario", str(scenario),
-                      "-p", "tests.support.countparses", env={PARSES_ENV: str(counted)}, timeout_s=500)
+                      "-p", "tests.support.countparses", env={PARSES_ENV: str(counted), PREDICTION_READS_ENV: str(read)},
+                      timeout_s=500)
     assert run.returncode in (0, 1) and (run.run_dir() / "summary.md").is_file(), run.output
     assert int(counted.read_text(encoding="utf-8")) <= 1, counted.read_text(encoding="utf-8")
+    cases = run.testcases()
+    shown = [name for name in cases if name.startswith("test_prediction[")
+             or any(p.get("name", "").startswith("predicted_hit_rate") for p in cases[name].iter("property"))]
+    assert len(shown) >= 3, sorted(cases)       # every build's prediction test and the hit-rate verdicts
+    assert int(read.read_text(encoding="utf-8")) == 1, read.read_text(encoding="utf-8")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cache_qualify.samples import runfolder
-from cache_qualify.trials.runner import answered_version
+from cache_qualify.trials.startfacts import answered_version
 from tests.support.httpfixtures import Reply, StubServer, json_reply
 
 HOST = "127.0.0.61"

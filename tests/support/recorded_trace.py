@@ -13,12 +13,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache_qualify.config.scenario import load_scenario, scenario_model
-from cache_qualify.samples import runfolder
+from cache_qualify.config.scenario import load_scenario
 from cache_qualify.samples.store import ALL, OK, WINDOW, TrialRow, new_attempt
+from cache_qualify.trials.runner import TrialResult
 from cache_qualify.workload.trace import scenario_trace
 from tests.support.labfixtures import REPO
-from tests.support.recorded_vllm import DATA, body, recorded_folder
+from tests.support.recorded_vllm import DATA, body, recorded_facts, recorded_folder
 
 TRACE_EXAMPLE = REPO / "examples" / "vllm-trace.yaml"
 TRACE_SCENARIO = "vllm-trace"
@@ -49,13 +49,12 @@ def write_recorded_trace_run(root: Path, starts: list[TraceStart], *, prediction
     scenario = load_scenario(TRACE_EXAMPLE).model_copy(update={"prediction": prediction})
     labels = list(dict.fromkeys(s.build for s in starts))
     run_dir, store, recorder = recorded_folder(root, labels, TRACE_SCENARIO)
-    model = scenario_model(scenario, recorder.inventory.measurement)
     trace = scenario_trace(scenario)
     for start in starts:
         attempt = new_attempt()
         tag = f"{TRACE_SCENARIO}-{start.build}-t{start.trial}-{attempt}"
-        (runfolder.logs_dir(run_dir) / f"{tag}-cpu0-rank0.log").write_text(body("vllm-start.log"), encoding="utf-8")
-        runfolder.write_start_metrics(run_dir, tag, "cpu0", 0, start.metrics)
+        facts = recorded_facts(recorder.inventory, scenario, start.build, body("vllm-start.log"), start.metrics,
+                               run_dir, tag)
         key = {"run": "recorded", "scenario": TRACE_SCENARIO, "build": start.build, "trial": start.trial,
                "block": start.trial, "attempt": attempt}
         store.add_samples(key, WINDOW, [(ALL, -1, "hit_rate", start.hit_rate)])
@@ -63,7 +62,7 @@ def write_recorded_trace_run(root: Path, starts: list[TraceStart], *, prediction
                        block=start.trial, position=labels.index(start.build), attempt=attempt, outcome=OK, reason="",
                        started_at="2026-01-01T00:00:00.000+00:00", finished_at="2026-01-01T00:01:00.000+00:00")
         store.add_trial(row)
-        recorder.predicted_replay(scenario, model, trace, start.build, row)
+        recorder.trial_predicted(scenario, TrialResult(row, build=start.build, facts=facts, trace=trace))
     return run_dir
 
 

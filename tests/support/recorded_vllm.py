@@ -13,16 +13,17 @@ import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from cache_qualify.config.inventory import load_inventory
+from cache_qualify.config.inventory import Inventory, load_inventory
 from cache_qualify.config.measurement import Measurement
 from cache_qualify.config.scenario import Scenario, scenario_model
 from cache_qualify.qualification.recording import RunRecorder
 from cache_qualify.qualification.results import RunOptions
 from cache_qualify.samples import runfolder
-from cache_qualify.samples.records import Plan
+from cache_qualify.samples.records import Plan, StartFacts
 from cache_qualify.samples.store import ALL, OK, SampleStore, TrialRow, new_attempt
 from cache_qualify.trials.figures import combine, delta
 from cache_qualify.trials.measure import Snapshot, emulator_metrics, metric_lines, parse_metrics
+from cache_qualify.trials.runner import TrialResult
 from cache_qualify.workload.requests import Request
 from tests.support.labfixtures import REPO
 
@@ -91,6 +92,15 @@ def recorded_folder(root: Path, labels: Sequence[str], scenario: str) -> tuple[P
     return run_dir, store, recorder
 
 
+def recorded_facts(inventory: Inventory, scenario: Scenario, build: str, log: str, metrics: str, run_dir: Path,
+                   tag: str) -> StartFacts:
+    """A recorded start's facts as its trial hands them on (its command line: the build's flags, then the
+    scenario's), its log and kept /metrics lines also in the run folder, as a start keeps them."""
+    (runfolder.logs_dir(run_dir) / f"{tag}-cpu0-rank0.log").write_text(log, encoding="utf-8")
+    runfolder.write_start_metrics(run_dir, tag, "cpu0", 0, metrics)
+    return StartFacts(tuple(inventory.start_words(build, scenario.server_flags)), metrics, log)
+
+
 def write_recorded_run(root: Path, arms: Mapping[str, str], *, trials: int = 2, prediction: str = "fail") -> Path:
     """A run folder under `root` whose arms (examples/vllm.yaml's builds, the first the baseline) each measured
     the recorded start `arms[build]` names (``on`` or ``off``) in every one of `trials` trials."""
@@ -103,8 +113,8 @@ def write_recorded_run(root: Path, arms: Mapping[str, str], *, trials: int = 2, 
             attempt = new_attempt()
             tag = f"{SCENARIO}-{build}-t{trial}-{attempt}"
             bodies = vllm_bodies(STARTS[start])
-            (runfolder.logs_dir(run_dir) / f"{tag}-cpu0-rank0.log").write_text(body("vllm-start.log"), encoding="utf-8")
-            runfolder.write_start_metrics(run_dir, tag, "cpu0", 0, metric_lines(bodies[0], emulator_metrics(model)))
+            facts = recorded_facts(inventory, scenario, build, body("vllm-start.log"),
+                                   metric_lines(bodies[0], emulator_metrics(model)), run_dir, tag)
             key = {"run": "recorded", "scenario": SCENARIO, "build": build, "trial": trial, "block": trial,
                    "attempt": attempt}
             for i, request in enumerate(REQUESTS):
@@ -114,9 +124,10 @@ def write_recorded_run(root: Path, arms: Mapping[str, str], *, trials: int = 2, 
                            position=position, attempt=attempt, outcome=OK, reason="",
                            started_at="2026-01-01T00:00:00.000+00:00", finished_at="2026-01-01T00:01:00.000+00:00")
             store.add_trial(row)
-            recorder.predicted(scenario, model, recorded_requests(), build, row)
+            recorder.trial_predicted(scenario, TrialResult(row, build=build, facts=facts,
+                                                           requests=tuple(recorded_requests())))
     return run_dir
 
 
-__all__ = ["BLOCK", "PROMPT_TOKENS", "REQUESTS", "SCENARIO", "body", "figures", "recorded_folder", "recorded_requests",
-           "recorded_scenario", "snapshot", "two_prompts", "vllm_bodies", "write_recorded_run"]
+__all__ = ["BLOCK", "PROMPT_TOKENS", "REQUESTS", "SCENARIO", "body", "figures", "recorded_facts", "recorded_folder",
+           "recorded_requests", "recorded_scenario", "snapshot", "two_prompts", "vllm_bodies", "write_recorded_run"]
