@@ -66,6 +66,22 @@ def test_the_scheduler_hands_out_what_needs_no_running_build_first() -> None:
     assert builds_ahead.first_ready({"vllm": queue["vllm"]}, [VLLM]) is None   # only that left: it waits
 
 
+def test_the_scheduler_hands_out_the_longest_units_first_unless_they_wait_for_a_build() -> None:
+    """The longest units go first, so none of them is the run's tail; one that waits for a running build
+    does not hold the others back."""
+    readme = "tests/test_readme_commands.py::test_every_readme_command_runs_as_written"
+    queue = {
+        "tests/test_decide.py::test_d@decide-run": ["tests/test_decide.py::test_d@decide-run"],
+        readme: [readme],
+        "vllm": ["tests/test_vllm_server.py::test_a@vllm"],
+    }
+    assert builds_ahead.next_unit(queue, []) == "vllm"
+    assert builds_ahead.next_unit(queue, [VLLM]) == readme     # vLLM's build still runs: the next longest
+    assert builds_ahead.next_unit({k: v for k, v in queue.items() if k != readme}, [VLLM]) == (
+        "tests/test_decide.py::test_d@decide-run")
+    assert builds_ahead.next_unit({"tests/test_decide.py::test_d@decide-run": ["x"]}, []) is None   # as it stands
+
+
 def test_every_test_file_that_starts_a_real_server_names_its_build() -> None:
     """A test file that reaches llama-server or vLLM must be known to its build, or the scheduler could
     hand it out while the build runs (a worker idle on the wait)."""

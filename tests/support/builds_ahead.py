@@ -164,19 +164,36 @@ def released(lock: IO[Any]) -> bool:
 
 
 def make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """xdist's loadgroup, except that while a build runs the first unit that needs no running build is
-    handed out before those that do: a worker waits on a build only when nothing else is left. Once the
-    build is done its tests, queued at the front (`front_of_the_queue`), go first."""
+    """xdist's loadgroup, except that the longest units go first (`LONGEST`), and while a build runs the first
+    unit that needs no running build is handed out before those that do: a worker waits on a build only when
+    nothing else is left. Once the build is done its tests, queued at the front (`front_of_the_queue`), go first."""
     from xdist.scheduler import LoadGroupScheduling
 
     class BuildsFirst(LoadGroupScheduling):  # type: ignore[misc]  # xdist ships no type hints
         def _assign_work_unit(self, node: Any) -> None:
-            ready = first_ready(self.workqueue, [build for build in BUILDS if not build.done(config)])
-            if ready is not None:
-                self.workqueue.move_to_end(ready, last=False)   # xdist pops the queue's first unit
+            chosen = next_unit(self.workqueue, [build for build in BUILDS if not build.done(config)])
+            if chosen is not None:
+                self.workqueue.move_to_end(chosen, last=False)   # xdist pops the queue's first unit
             super()._assign_work_unit(node)
 
     return BuildsFirst(config, log)
+
+
+# the suite's longest units (xdist's scope: a group's name, else a test's id), longest first, from clean-clone
+# runs' durations: handed out before the rest, so none starts last and runs alone while the other worker idles
+# (in file order the vLLM group, some 900 s on one worker, came last: 2,601 s of pytest, its last 15 minutes
+# on one worker)
+LONGEST = ("vllm", "tests/test_readme_commands.py::test_every_readme_command_runs_as_written", "llama-qualify",
+           "wheel")
+
+
+def next_unit(queue: Mapping[str, Iterable[str]], running: Sequence[Build]) -> str | None:
+    """The unit to hand out next: a `LONGEST` one none of whose tests needs a build still `running`, in that
+    order, else `first_ready`'s (None: the queue's first goes as it stands)."""
+    waits = {scope for scope in LONGEST if scope in queue
+             and any(build.needed_by(nodeid) for build in running for nodeid in queue[scope])}
+    longest = next((scope for scope in LONGEST if scope in queue and scope not in waits), None)
+    return longest if longest is not None else first_ready(queue, running)
 
 
 def first_ready(queue: Mapping[str, Iterable[str]], running: Sequence[Build]) -> str | None:
